@@ -1,0 +1,335 @@
+//! Configuration: typed, documented, validated all at once.
+//!
+//! Layers, later ones winning: the embedded default (`config/spotplane.toml`), the file given
+//! with `--config`, `DATABASE_URL`, then `SPOTPLANE_<SECTION>__<KEY>` environment variables.
+//! [`Config::validate`] reports every problem with its path, not only the first.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Serialize};
+use spotplane_core::FieldErrors;
+
+/// The embedded default, the same file users read in the repository.
+pub const DEFAULT_TOML: &str = include_str!("../../config/spotplane.toml");
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub database: DatabaseConfig,
+    pub object_store: ObjectStoreConfig,
+    pub log: LogConfig,
+    pub dev: DevConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address the API listens on.
+    pub listen: String,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Requests taking longer are answered 503.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `sqlite://path` or `postgres://…`.
+    pub url: String,
+    pub max_connections: u32,
+    /// PostgreSQL schema for spotplane's tables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectStoreConfig {
+    pub url: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    pub level: String,
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevConfig {
+    /// Allows insecure settings; never in production.
+    pub insecure: bool,
+}
+
+/// The database a URL names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseKind {
+    /// A SQLite file (its path) or `:memory:`.
+    Sqlite(PathBuf),
+    Postgres,
+}
+
+impl DatabaseConfig {
+    pub fn kind(&self) -> Result<DatabaseKind, String> {
+        let url = self.url.trim();
+        if let Some(rest) = url.strip_prefix("sqlite:") {
+            let rest = rest.strip_prefix("//").unwrap_or(rest);
+            let path = rest.split('?').next().unwrap_or_default();
+            if path.is_empty() {
+                return Err(
+                    "a sqlite URL needs a file path, e.g. sqlite://data/spotplane.sqlite".into(),
+                );
+            }
+            Ok(DatabaseKind::Sqlite(PathBuf::from(path)))
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(DatabaseKind::Postgres)
+        } else {
+            Err("must start with sqlite:// or postgres://".into())
+        }
+    }
+}
+
+/// Loading failed: the files or the environment do not make a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration file {0} does not exist")]
+    Missing(PathBuf),
+    #[error("{0}")]
+    Parse(Box<figment::Error>),
+    #[error("invalid configuration: {0}")]
+    Invalid(FieldErrors),
+}
+
+impl Config {
+    /// Loads the layered configuration and validates it.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::load_from(
+            file,
+            Env::prefixed("SPOTPLANE_"),
+            Env::raw().only(&["DATABASE_URL"]),
+        )
+    }
+
+    fn load_from(
+        file: Option<&Path>,
+        spotplane_env: Env,
+        database_url_env: Env,
+    ) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Toml::string(DEFAULT_TOML));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::Missing(path.to_owned()));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        fig = fig
+            .merge(database_url_env.map(|_| "database.url".into()))
+            // Only nested keys: SPOTPLANE_URL and SPOTPLANE_TOKEN belong to the CLI client.
+            .merge(
+                spotplane_env
+                    .filter(|k| k.as_str().contains("__"))
+                    .split("__"),
+            );
+        let config: Config = fig.extract().map_err(|e| ConfigError::Parse(Box::new(e)))?;
+        config
+            .validate()
+            .into_result()
+            .map_err(ConfigError::Invalid)?;
+        Ok(config)
+    }
+
+    /// The embedded default, as is.
+    pub fn embedded_default() -> Result<Config, ConfigError> {
+        Figment::from(Toml::string(DEFAULT_TOML))
+            .extract()
+            .map_err(|e| ConfigError::Parse(Box::new(e)))
+    }
+
+    /// Every problem, each with its path.
+    pub fn validate(&self) -> FieldErrors {
+        let mut errs = FieldErrors::new();
+        if self.server.listen.parse::<SocketAddr>().is_err() {
+            errs.push(
+                "server.listen",
+                format!(
+                    "{:?} is not an address such as 127.0.0.1:8080",
+                    self.server.listen
+                ),
+            );
+        }
+        if !(1024..=64 * 1024 * 1024).contains(&self.server.max_body_bytes) {
+            errs.push("server.max_body_bytes", "must be between 1024 and 67108864");
+        }
+        if self.server.request_timeout < Duration::from_millis(100) {
+            errs.push("server.request_timeout", "must be at least 100ms");
+        }
+        match self.database.kind() {
+            Err(m) => errs.push("database.url", m),
+            Ok(DatabaseKind::Sqlite(_)) if self.database.schema.is_some() => {
+                errs.push("database.schema", "only PostgreSQL has schemas");
+            }
+            Ok(_) => {}
+        }
+        if self.database.max_connections == 0 || self.database.max_connections > 1000 {
+            errs.push("database.max_connections", "must be between 1 and 1000");
+        }
+        if let Some(s) = &self.database.schema {
+            if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                errs.push(
+                    "database.schema",
+                    "must be a plain identifier (letters, digits, '_')",
+                );
+            }
+        }
+        match self.object_store.url.split_once("://") {
+            Some(("file" | "s3" | "gs" | "az" | "azure" | "abfs", rest)) if !rest.is_empty() => {}
+            Some(("http", _)) if self.dev.insecure => {}
+            Some(("http", _)) => errs.push(
+                "object_store.url",
+                "plain http:// is only allowed with dev.insecure = true",
+            ),
+            _ => errs.push(
+                "object_store.url",
+                "must be a file://, s3://, gs:// or az:// URL",
+            ),
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            errs.push(
+                "log.level",
+                format!(
+                    "{:?} is not a tracing filter such as \"info\"",
+                    self.log.level
+                ),
+            );
+        }
+        errs
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, String> {
+        self.server
+            .listen
+            .parse()
+            .map_err(|_| format!("server.listen: {:?} is not an address", self.server.listen))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_with(vars: &[(&str, &str)], file: Option<&Path>) -> Result<Config, ConfigError> {
+        // figment::Jail sets variables in a sandbox; here the providers are given explicitly
+        // so tests stay independent of the process environment.
+        let mut result = None;
+        figment::Jail::expect_with(|jail| {
+            jail.clear_env();
+            for (k, v) in vars {
+                jail.set_env(k, v);
+            }
+            result = Some(Config::load_from(
+                file,
+                Env::prefixed("SPOTPLANE_"),
+                Env::raw().only(&["DATABASE_URL"]),
+            ));
+            Ok(())
+        });
+        result.unwrap_or_else(|| Err(ConfigError::Missing(PathBuf::new())))
+    }
+
+    #[test]
+    fn the_embedded_default_is_valid() {
+        let c = Config::embedded_default().expect("parses");
+        assert_eq!(c.validate(), FieldErrors::new());
+        assert_eq!(
+            c.database.kind(),
+            Ok(DatabaseKind::Sqlite(PathBuf::from("data/spotplane.sqlite")))
+        );
+    }
+
+    #[test]
+    fn environment_overrides_nested_keys_and_ignores_client_variables() {
+        let c = load_with(
+            &[
+                ("SPOTPLANE_SERVER__LISTEN", "0.0.0.0:9000"),
+                ("SPOTPLANE_URL", "http://x"),
+                ("SPOTPLANE_TOKEN", "t"),
+                ("DATABASE_URL", "postgres://u@h/db"),
+            ],
+            None,
+        )
+        .expect("loads");
+        assert_eq!(c.server.listen, "0.0.0.0:9000");
+        assert_eq!(c.database.kind(), Ok(DatabaseKind::Postgres));
+    }
+
+    #[test]
+    fn spotplane_database_url_wins_over_database_url() {
+        let c = load_with(
+            &[
+                ("DATABASE_URL", "postgres://a@h/db"),
+                ("SPOTPLANE_DATABASE__URL", "sqlite://x.db"),
+            ],
+            None,
+        )
+        .expect("loads");
+        assert_eq!(c.database.url, "sqlite://x.db");
+    }
+
+    #[test]
+    fn validation_reports_every_problem_with_its_path() {
+        let mut c = Config::embedded_default().expect("parses");
+        c.server.listen = "nowhere".into();
+        c.database.url = "mysql://x".into();
+        c.database.max_connections = 0;
+        c.object_store.url = "http://minio:9000/bucket".into();
+        c.log.level = "[[[".into();
+        let fields: Vec<_> = c.validate().iter().map(|e| e.field.clone()).collect();
+        assert_eq!(
+            fields,
+            [
+                "server.listen",
+                "database.url",
+                "database.max_connections",
+                "object_store.url",
+                "log.level"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_durations_are_errors_naming_the_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[server]\nlisten = \"127.0.0.1:1\"\nlisten_port = 3\n",
+        )
+        .expect("write");
+        let err = load_with(&[], Some(&path)).expect_err("unknown key");
+        assert!(err.to_string().contains("listen_port"), "{err}");
+
+        std::fs::write(&path, "[server]\nrequest_timeout = \"soon\"\n").expect("write");
+        let err = load_with(&[], Some(&path)).expect_err("bad duration");
+        assert!(err.to_string().contains("request_timeout"), "{err}");
+
+        let err = load_with(&[], Some(&dir.path().join("absent.toml"))).expect_err("missing file");
+        assert!(matches!(err, ConfigError::Missing(_)));
+    }
+}

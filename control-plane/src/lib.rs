@@ -1,0 +1,11 @@
+//! The spotplane control plane.
+//!
+//! A library so the binary, the end-to-end tests and the benchmarks drive the same code.
+//! `spotplane-core` holds the vocabulary; this crate holds the store, the API, the CLI and,
+//! in later layers, the reconcilers around the pure scheduling, planning and recovery cores.
+
+pub mod clock;
+pub mod config;
+pub mod metrics;
+pub mod model;
+pub mod store;

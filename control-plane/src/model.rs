@@ -1,0 +1,189 @@
+//! The control plane's records, as the store returns them and the API shows them.
+//!
+//! These are read models: built from rows by the store, serialized by the API. Requests that
+//! change them are in [`crate::api`]; the vocabulary they are made of is in `spotplane-core`.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use spotplane_core::job::JobSpec;
+use spotplane_core::team::{Quota, QuotaResource};
+use spotplane_core::{
+    Cloud, GpuModel, JobId, JobState, Market, MigLayout, NodeId, NodeState, TeamName, TokenId,
+};
+use utoipa::ToSchema;
+
+/// A team sharing the cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Team {
+    /// Internal id; the API addresses teams by name.
+    #[serde(skip)]
+    pub id: String,
+    pub name: TeamName,
+    /// Fair-share weight (default 1).
+    pub weight: f64,
+    /// The cohort whose members lend each other idle quota.
+    pub cohort: Option<String>,
+    /// Quotas per GPU model (`H100-80GB`) or MIG profile (`mig-3g.40gb`).
+    #[schema(value_type = BTreeMap<String, Quota>)]
+    pub quotas: BTreeMap<QuotaResource, Quota>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Who a token speaks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Everything.
+    Admin,
+    /// One team's jobs.
+    Team,
+    /// Read-only: teams, nodes, offers and cost exports.
+    Finance,
+    /// One node's agent.
+    Agent,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Admin, Role::Team, Role::Finance, Role::Agent];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Team => "team",
+            Role::Finance => "finance",
+            Role::Agent => "agent",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+/// An API token as listed: never the secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Token {
+    pub id: TokenId,
+    pub name: String,
+    pub role: Role,
+    /// The team of a `team` token.
+    pub team: Option<TeamName>,
+    /// The node of an `agent` token.
+    pub node_id: Option<NodeId>,
+    /// The first characters of the secret, to tell tokens apart.
+    pub prefix: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// A job, as submitted plus what has happened to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Job {
+    pub id: JobId,
+    pub team: TeamName,
+    pub state: JobState,
+    /// Why the job is in its state, when there is something to say.
+    pub state_reason: Option<String>,
+    /// How many times the job has been started (0 until it first runs).
+    pub attempt: u32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The submitted specification (its `team` is the job's team).
+    #[serde(flatten)]
+    pub spec: JobSpec,
+}
+
+/// One entry of a job's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobEvent {
+    /// Position in the history; later events have larger numbers.
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    /// `job.<state>` for a state change, e.g. `job.queued`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub from_state: Option<JobState>,
+    pub to_state: Option<JobState>,
+    pub reason: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub data: Option<serde_json::Value>,
+}
+
+/// One GPU of a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Gpu {
+    pub index: u32,
+    pub model: GpuModel,
+    pub memory_mib: u64,
+    pub mig_enabled: bool,
+    /// MIG instances, by class and start slice; empty when MIG is off.
+    #[schema(value_type = Vec<spotplane_core::MigInstance>)]
+    pub mig_layout: MigLayout,
+}
+
+/// A cloud instance spotplane bought.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Node {
+    pub id: NodeId,
+    pub name: String,
+    pub cloud: Cloud,
+    pub region: String,
+    pub zone: String,
+    pub instance_type: String,
+    pub market: Market,
+    pub state: NodeState,
+    pub state_reason: Option<String>,
+    pub provider_instance_id: Option<String>,
+    /// The price in force, US dollars per hour.
+    pub hourly_price_usd: f64,
+    /// The on-demand price of the same capacity, US dollars per hour.
+    pub on_demand_price_usd: f64,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub gpus: Vec<Gpu>,
+    pub labels: BTreeMap<String, String>,
+    /// When the cloud will take the node, once it has said so.
+    pub notice_deadline: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub ready_at: Option<DateTime<Utc>>,
+    pub terminated_at: Option<DateTime<Utc>>,
+}
+
+/// Capacity a cloud offers, with its price and risk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Offer {
+    pub id: String,
+    pub cloud: Cloud,
+    pub region: String,
+    pub zone: String,
+    pub instance_type: String,
+    pub market: Market,
+    pub gpu_model: Option<GpuModel>,
+    pub gpu_count: u32,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    /// Current price, US dollars per hour.
+    pub price_usd: f64,
+    pub on_demand_price_usd: f64,
+    /// AWS spot placement score (1–3, higher is likelier to be fulfilled), where known.
+    pub placement_score: Option<f64>,
+    /// Interruption-frequency bucket, e.g. `<5%`, where known.
+    pub interruption_bucket: Option<String>,
+    pub observed_at: DateTime<Utc>,
+    /// Set after a capacity error: the offer is skipped until then.
+    pub unavailable_until: Option<DateTime<Utc>>,
+}
+
+/// One page of a list, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Pass as `cursor` to get the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}

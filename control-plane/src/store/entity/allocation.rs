@@ -1,0 +1,24 @@
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "allocations")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub job_id: String,
+    pub replica: i32,
+    pub attempt: i32,
+    pub node_id: String,
+    pub gpu_indices: Json,
+    pub mig: Option<Json>,
+    pub gpu_milli: i32,
+    pub cpu_milli: i64,
+    pub memory_mib: i64,
+    pub created_at: DateTimeUtc,
+    pub released_at: Option<DateTimeUtc>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

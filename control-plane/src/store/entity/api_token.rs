@@ -1,0 +1,23 @@
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "api_tokens")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub name: String,
+    pub role: String,
+    pub team_id: Option<String>,
+    pub node_id: Option<String>,
+    #[sea_orm(unique)]
+    pub secret_hash: String,
+    pub prefix: String,
+    pub created_at: DateTimeUtc,
+    pub expires_at: Option<DateTimeUtc>,
+    pub revoked_at: Option<DateTimeUtc>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,27 @@
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "jobs")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub team_id: String,
+    pub name: String,
+    pub state: String,
+    pub state_reason: Option<String>,
+    pub priority: i32,
+    pub spec: Json,
+    pub idempotency_key: Option<String>,
+    pub request_hash: Option<String>,
+    pub attempt: i32,
+    pub version: i64,
+    pub deadline: Option<DateTimeUtc>,
+    pub created_at: DateTimeUtc,
+    pub updated_at: DateTimeUtc,
+    pub finished_at: Option<DateTimeUtc>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,20 @@
+//! sea-orm entities, one per table of the `migrations` crate.
+//!
+//! These are storage rows, not the domain: ids and enums are stored as text, money as
+//! micro-dollars, nested values as JSON. The store converts rows to domain values (and rejects
+//! rows it cannot read, naming the table and id) so the rest of the control plane never sees
+//! them.
+
+pub mod allocation;
+pub mod api_token;
+pub mod checkpoint;
+pub mod gpu;
+pub mod job;
+pub mod job_event;
+pub mod ledger_entry;
+pub mod node;
+pub mod offer;
+pub mod outbox;
+pub mod team;
+pub mod webhook_delivery;
+pub mod webhook_subscription;

@@ -1,0 +1,368 @@
+//! Jobs, their history, and the outbox events their changes publish.
+
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set, TransactionTrait,
+};
+use serde_json::{Value, json};
+use spotplane_core::job::JobSpec;
+use spotplane_core::{JobId, JobState, TeamName};
+
+use super::entity::{job, job_event, outbox};
+use super::{Store, StoreError, from_json, is_unique_violation, parse_col};
+use crate::model::{Job, JobEvent, Page};
+
+/// A validated job to store.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub id: JobId,
+    pub team_id: String,
+    pub team: TeamName,
+    pub spec: JobSpec,
+    /// `Idempotency-Key` and the hash of the request it came with.
+    pub idempotency: Option<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SubmitOutcome {
+    /// A new job was queued.
+    Created(Job),
+    /// The same request was made before with this key; this is that job.
+    Replayed(Job),
+    /// The key was used before with a different request.
+    KeyReused { existing: JobId },
+}
+
+/// Which jobs to list.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    /// Internal team id; all teams when `None`.
+    pub team_id: Option<String>,
+    /// Any of these states; all when empty.
+    pub states: Vec<JobState>,
+    /// Only jobs older than this one (the previous page's `next_cursor`).
+    pub before: Option<JobId>,
+    pub limit: u64,
+}
+
+/// The team name is kept in the stored spec (team names never change), so a job reads back
+/// without a join.
+fn job_from_row(row: job::Model) -> Result<Job, StoreError> {
+    let mut spec: JobSpec = from_json("jobs", &row.id, row.spec)?;
+    let team = spec
+        .team
+        .take()
+        .ok_or_else(|| StoreError::corrupt("jobs", &row.id, "spec has no team"))?;
+    Ok(Job {
+        id: parse_col("jobs", &row.id, &row.id)?,
+        team,
+        state: parse_col("jobs", &row.id, &row.state)?,
+        state_reason: row.state_reason,
+        attempt: u32::try_from(row.attempt).map_err(|e| StoreError::corrupt("jobs", &row.id, e))?,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        finished_at: row.finished_at,
+        spec,
+    })
+}
+
+fn event_from_row(row: job_event::Model) -> Result<JobEvent, StoreError> {
+    let id = row.id.to_string();
+    Ok(JobEvent {
+        seq: row.id,
+        at: row.at,
+        kind: row.kind,
+        from_state: row
+            .from_state
+            .as_deref()
+            .map(|s| parse_col("job_events", &id, s))
+            .transpose()?,
+        to_state: row
+            .to_state
+            .as_deref()
+            .map(|s| parse_col("job_events", &id, s))
+            .transpose()?,
+        reason: row.reason,
+        data: row.data,
+    })
+}
+
+/// The outbox payload describing a job after a change.
+fn job_payload(job: &Job, from: Option<JobState>) -> Value {
+    json!({
+        "job": {
+            "id": job.id,
+            "team": job.team,
+            "name": job.spec.name,
+            "state": job.state,
+            "state_reason": job.state_reason,
+            "attempt": job.attempt,
+            "labels": job.spec.labels,
+        },
+        "from_state": from,
+    })
+}
+
+/// Writes one history entry and its outbox event, inside the caller's transaction.
+async fn record_job_event<C: ConnectionTrait>(
+    conn: &C,
+    job: &Job,
+    team_id: &str,
+    from: Option<JobState>,
+    data: Option<Value>,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let kind = format!("job.{}", job.state);
+    job_event::ActiveModel {
+        job_id: Set(job.id.to_string()),
+        at: Set(now),
+        kind: Set(kind.clone()),
+        from_state: Set(from.map(|s| s.to_string())),
+        to_state: Set(Some(job.state.to_string())),
+        reason: Set(job.state_reason.clone()),
+        data: Set(data),
+        ..Default::default()
+    }
+    .insert(conn)
+    .await?;
+    outbox::ActiveModel {
+        kind: Set(kind),
+        subject_kind: Set("job".into()),
+        subject_id: Set(job.id.to_string()),
+        team_id: Set(Some(team_id.to_owned())),
+        payload: Set(job_payload(job, from)),
+        created_at: Set(now),
+        ..Default::default()
+    }
+    .insert(conn)
+    .await?;
+    Ok(())
+}
+
+impl Store {
+    /// Queues a job, or replays an earlier submission with the same idempotency key.
+    pub async fn submit_job(
+        &self,
+        new: NewJob,
+        now: DateTime<Utc>,
+    ) -> Result<SubmitOutcome, StoreError> {
+        if let Some(outcome) = self.replay(&new).await? {
+            return Ok(outcome);
+        }
+        let inserted = self
+            .measured("submit_job", || async {
+                let mut spec = new.spec.clone();
+                spec.team = Some(new.team.clone());
+                let spec_json =
+                    serde_json::to_value(&spec).map_err(|e| StoreError::Conflict(e.to_string()))?;
+                let txn = self.write.begin().await?;
+                let row = job::ActiveModel {
+                    id: Set(new.id.to_string()),
+                    team_id: Set(new.team_id.clone()),
+                    name: Set(spec.name.clone()),
+                    state: Set(JobState::Queued.to_string()),
+                    state_reason: Set(None),
+                    priority: Set(spec.priority.value()),
+                    spec: Set(spec_json),
+                    idempotency_key: Set(new.idempotency.as_ref().map(|(k, _)| k.clone())),
+                    request_hash: Set(new.idempotency.as_ref().map(|(_, h)| h.clone())),
+                    attempt: Set(0),
+                    version: Set(0),
+                    deadline: Set(spec.deadline),
+                    created_at: Set(now),
+                    updated_at: Set(now),
+                    finished_at: Set(None),
+                };
+                let row = match row.insert(&txn).await {
+                    Ok(r) => r,
+                    Err(e) if is_unique_violation(&e) && new.idempotency.is_some() => {
+                        return Ok(None);
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let job = job_from_row(row)?;
+                record_job_event(&txn, &job, &new.team_id, None, None, now).await?;
+                txn.commit().await?;
+                Ok(Some(job))
+            })
+            .await?;
+        match inserted {
+            Some(job) => Ok(SubmitOutcome::Created(job)),
+            // Another request with the same key won the race; answer as it was answered.
+            None => self
+                .replay(&new)
+                .await?
+                .ok_or_else(|| StoreError::Conflict("idempotency key in use; retry".into())),
+        }
+    }
+
+    async fn replay(&self, new: &NewJob) -> Result<Option<SubmitOutcome>, StoreError> {
+        let Some((key, hash)) = &new.idempotency else {
+            return Ok(None);
+        };
+        self.measured("find_idempotent_job", || async {
+            let row = job::Entity::find()
+                .filter(job::Column::TeamId.eq(new.team_id.as_str()))
+                .filter(job::Column::IdempotencyKey.eq(key.as_str()))
+                .one(&self.read)
+                .await?;
+            Ok(match row {
+                None => None,
+                Some(r) if r.request_hash.as_deref() == Some(hash.as_str()) => {
+                    Some(SubmitOutcome::Replayed(job_from_row(r)?))
+                }
+                Some(r) => Some(SubmitOutcome::KeyReused {
+                    existing: parse_col("jobs", &r.id, &r.id)?,
+                }),
+            })
+        })
+        .await
+    }
+
+    /// A job; `NotFound` also when it belongs to another team than `team_id`.
+    pub async fn get_job(&self, id: JobId, team_id: Option<&str>) -> Result<Job, StoreError> {
+        self.measured("get_job", || async {
+            let row = self.job_row(&self.read, id, team_id).await?;
+            job_from_row(row)
+        })
+        .await
+    }
+
+    async fn job_row<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        id: JobId,
+        team_id: Option<&str>,
+    ) -> Result<job::Model, StoreError> {
+        let mut q = job::Entity::find_by_id(id.to_string());
+        if let Some(t) = team_id {
+            q = q.filter(job::Column::TeamId.eq(t));
+        }
+        q.one(conn)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("job {id}")))
+    }
+
+    /// Jobs matching `filter`, newest first.
+    pub async fn list_jobs(&self, filter: &JobFilter) -> Result<Page<Job>, StoreError> {
+        self.measured("list_jobs", || async {
+            let mut q = job::Entity::find()
+                .order_by_desc(job::Column::Id)
+                .limit(filter.limit + 1);
+            if let Some(t) = &filter.team_id {
+                q = q.filter(job::Column::TeamId.eq(t.as_str()));
+            }
+            if !filter.states.is_empty() {
+                q = q.filter(job::Column::State.is_in(filter.states.iter().map(|s| s.to_string())));
+            }
+            if let Some(before) = filter.before {
+                q = q.filter(job::Column::Id.lt(before.to_string()));
+            }
+            let mut rows = q.all(&self.read).await?;
+            let more = rows.len() as u64 > filter.limit;
+            rows.truncate(filter.limit as usize);
+            let items = rows
+                .into_iter()
+                .map(job_from_row)
+                .collect::<Result<Vec<_>, _>>()?;
+            let next_cursor = if more {
+                items.last().map(|j| j.id.to_string())
+            } else {
+                None
+            };
+            Ok(Page { items, next_cursor })
+        })
+        .await
+    }
+
+    /// A job's history, oldest first, after event `after` when given.
+    pub async fn job_events(
+        &self,
+        id: JobId,
+        team_id: Option<&str>,
+        after: Option<i64>,
+        limit: u64,
+    ) -> Result<Page<JobEvent>, StoreError> {
+        self.measured("job_events", || async {
+            self.job_row(&self.read, id, team_id).await?;
+            let mut q = job_event::Entity::find()
+                .filter(job_event::Column::JobId.eq(id.to_string()))
+                .order_by_asc(job_event::Column::Id)
+                .limit(limit + 1);
+            if let Some(a) = after {
+                q = q.filter(job_event::Column::Id.gt(a));
+            }
+            let mut rows = q.all(&self.read).await?;
+            let more = rows.len() as u64 > limit;
+            rows.truncate(limit as usize);
+            let items = rows
+                .into_iter()
+                .map(event_from_row)
+                .collect::<Result<Vec<_>, _>>()?;
+            let next_cursor = if more {
+                items.last().map(|e| e.seq.to_string())
+            } else {
+                None
+            };
+            Ok(Page { items, next_cursor })
+        })
+        .await
+    }
+
+    /// Moves a job to `to` if the lifecycle allows it from its current state, recording the
+    /// change in its history and the outbox in the same transaction. `expect_from`, when
+    /// given, makes the change conditional on the job still being in that state.
+    pub async fn transition_job(
+        &self,
+        id: JobId,
+        team_id: Option<&str>,
+        expect_from: Option<JobState>,
+        to: JobState,
+        reason: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Result<Job, StoreError> {
+        self.measured("transition_job", || async {
+            let txn = self.write.begin().await?;
+            let row = self.job_row(&txn, id, team_id).await?;
+            let from: JobState = parse_col("jobs", &row.id, &row.state)?;
+            if let Some(expected) = expect_from {
+                if from != expected {
+                    return Err(StoreError::Conflict(format!(
+                        "job {id} is {from}, not {expected}"
+                    )));
+                }
+            }
+            if !from.can_transition_to(to) {
+                return Err(StoreError::Conflict(format!(
+                    "job {id} is {from} and cannot become {to}"
+                )));
+            }
+            let team_id = row.team_id.clone();
+            let version = row.version;
+            let mut upd = job::Entity::update_many()
+                .col_expr(job::Column::State, Expr::value(to.to_string()))
+                .col_expr(job::Column::StateReason, Expr::value(reason.clone()))
+                .col_expr(job::Column::UpdatedAt, Expr::value(now))
+                .col_expr(job::Column::Version, Expr::value(version + 1))
+                .filter(job::Column::Id.eq(row.id.clone()))
+                .filter(job::Column::Version.eq(version));
+            if to.is_terminal() {
+                upd = upd.col_expr(job::Column::FinishedAt, Expr::value(Some(now)));
+            }
+            let res = upd.exec(&txn).await?;
+            if res.rows_affected != 1 {
+                return Err(StoreError::Conflict(format!(
+                    "job {id} changed concurrently; retry"
+                )));
+            }
+            let updated = self.job_row(&txn, id, None).await?;
+            let job = job_from_row(updated)?;
+            record_job_event(&txn, &job, &team_id, Some(from), None, now).await?;
+            txn.commit().await?;
+            Ok(job)
+        })
+        .await
+    }
+}

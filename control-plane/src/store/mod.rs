@@ -1,0 +1,304 @@
+//! The one door to the database.
+//!
+//! # What do we store?
+//!
+//! Everything that must survive a restart: teams and their quotas, API tokens (hashed), jobs
+//! with their full event history, nodes with their GPUs and MIG layouts, allocations of GPUs to
+//! job replicas, the offers last seen, checkpoints, the event outbox, webhook subscriptions and
+//! deliveries, and the cost ledger. The database is the truth: a restarted control plane
+//! rebuilds every in-memory view (scheduler snapshots, planner state) from these tables, and
+//! keeps nothing else.
+//!
+//! # How
+//!
+//! Every query goes through [`Store`]: it opens the transaction, retries what can be retried
+//! (SQLite busy, PostgreSQL serialization failures and deadlocks) and records latency per named
+//! operation. A state change of a job or node, its history entry and its outbox event are
+//! written in one transaction, so an event is published if and only if the change happened.
+//!
+//! On SQLite all writes go through one connection (SQLite has one writer anyway; queuing in
+//! the pool is cheaper than lock retries) and reads through a pool, in WAL mode with
+//! `synchronous = NORMAL`: a crash of the process loses nothing committed, a power cut may lose
+//! the last transactions. On PostgreSQL one pool does both.
+
+mod jobs;
+mod nodes;
+mod teams;
+mod tokens;
+
+pub mod entity;
+
+use std::future::Future;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use sea_orm::sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseBackend, DatabaseConnection, DbErr,
+    RuntimeErr, SqlxSqliteConnector,
+};
+use serde_json::Value;
+use spotplane_migrations::Migrator;
+use spotplane_migrations::MigratorTrait;
+
+use crate::config::{DatabaseConfig, DatabaseKind};
+use crate::metrics::Metrics;
+
+pub use jobs::{JobFilter, NewJob, SubmitOutcome};
+pub use nodes::{NewGpu, NewNode, NewOffer};
+pub use teams::{NewTeam, TeamPatch};
+pub use tokens::{Bootstrap, NewToken, Principal, generate_secret, hash_secret};
+
+/// What can go wrong in the store, for callers to branch on.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// A stored row could not be read back; names the table and row so it can be repaired.
+    #[error("stored {table} row {id} is unreadable: {reason}")]
+    Corrupt {
+        table: &'static str,
+        id: String,
+        reason: String,
+    },
+    #[error("could not open the database: {0}")]
+    Connect(String),
+    #[error("database error: {0}")]
+    Db(#[from] DbErr),
+}
+
+impl StoreError {
+    pub(crate) fn corrupt(
+        table: &'static str,
+        id: impl Into<String>,
+        reason: impl ToString,
+    ) -> Self {
+        StoreError::Corrupt {
+            table,
+            id: id.into(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// Retries for transient failures before giving up.
+const MAX_ATTEMPTS: u32 = 4;
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    write: DatabaseConnection,
+    read: DatabaseConnection,
+    backend: DatabaseBackend,
+    metrics: Metrics,
+}
+
+impl Store {
+    /// Opens the database the configuration names (creating a SQLite file and its folder).
+    /// Does not migrate; call [`Store::migrate`].
+    pub async fn connect(cfg: &DatabaseConfig, metrics: Metrics) -> Result<Store, StoreError> {
+        match cfg.kind().map_err(StoreError::Connect)? {
+            DatabaseKind::Sqlite(path) => {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|e| {
+                        StoreError::Connect(format!("cannot create {}: {e}", dir.display()))
+                    })?;
+                }
+                let opts = SqliteConnectOptions::from_str(&cfg.url)
+                    .map_err(|e| StoreError::Connect(format!("{}: {e}", cfg.url)))?
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Normal)
+                    .foreign_keys(true)
+                    .busy_timeout(Duration::from_secs(10));
+                let write = SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(cfg.connect_timeout.max(Duration::from_secs(30)))
+                    .connect_with(opts.clone())
+                    .await
+                    .map_err(|e| StoreError::Connect(format!("{}: {e}", cfg.url)))?;
+                let read = SqlitePoolOptions::new()
+                    .max_connections(cfg.max_connections)
+                    .acquire_timeout(cfg.connect_timeout.max(Duration::from_secs(30)))
+                    .connect_with(opts)
+                    .await
+                    .map_err(|e| StoreError::Connect(format!("{}: {e}", cfg.url)))?;
+                Ok(Store {
+                    write: SqlxSqliteConnector::from_sqlx_sqlite_pool(write),
+                    read: SqlxSqliteConnector::from_sqlx_sqlite_pool(read),
+                    backend: DatabaseBackend::Sqlite,
+                    metrics,
+                })
+            }
+            DatabaseKind::Postgres => {
+                let mut opts = ConnectOptions::new(cfg.url.clone());
+                opts.max_connections(cfg.max_connections)
+                    .min_connections(1)
+                    .connect_timeout(cfg.connect_timeout)
+                    .acquire_timeout(cfg.connect_timeout.max(Duration::from_secs(30)))
+                    .sqlx_logging(false);
+                if let Some(schema) = &cfg.schema {
+                    opts.set_schema_search_path(schema.clone());
+                }
+                let db = Database::connect(opts)
+                    .await
+                    .map_err(|e| StoreError::Connect(format!("{}: {e}", redact(&cfg.url))))?;
+                if let Some(schema) = &cfg.schema {
+                    db.execute_unprepared(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+                        .await?;
+                }
+                Ok(Store {
+                    write: db.clone(),
+                    read: db,
+                    backend: DatabaseBackend::Postgres,
+                    metrics,
+                })
+            }
+        }
+    }
+
+    /// Applies pending migrations. Safe to run from several replicas at once on PostgreSQL:
+    /// the migrations run under an advisory lock.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = async {
+            if self.backend == DatabaseBackend::Postgres {
+                // Serialize concurrent replicas starting together; released with the session.
+                let conn = self.write.clone();
+                conn.execute_unprepared("SELECT pg_advisory_lock(7355608)")
+                    .await?;
+                let r = Migrator::up(&conn, None).await;
+                conn.execute_unprepared("SELECT pg_advisory_unlock(7355608)")
+                    .await?;
+                r
+            } else {
+                Migrator::up(&self.write, None).await
+            }
+        }
+        .await;
+        self.metrics
+            .observe_store("migrate", result.is_ok(), started.elapsed());
+        Ok(result?)
+    }
+
+    /// Names of migrations not yet applied (empty when the schema is current).
+    pub async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
+        use spotplane_migrations::MigrationStatus;
+        let all = Migrator::get_migration_with_status(&self.read).await?;
+        Ok(all
+            .into_iter()
+            .filter(|m| m.status() == MigrationStatus::Pending)
+            .map(|m| m.name().to_owned())
+            .collect())
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.measured("ping", || async { Ok(self.read.ping().await?) })
+            .await
+    }
+
+    pub fn backend(&self) -> DatabaseBackend {
+        self.backend
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        self.backend == DatabaseBackend::Postgres
+    }
+
+    /// Runs `op`, retrying transient database failures with a short backoff, and records its
+    /// latency under `name`. `op` must be safe to run again: it opens its own transaction.
+    pub(crate) async fn measured<T, F, Fut>(
+        &self,
+        name: &'static str,
+        mut op: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let started = Instant::now();
+        let mut attempt = 1;
+        loop {
+            match op().await {
+                Err(StoreError::Db(e)) if attempt < MAX_ATTEMPTS && is_transient(&e) => {
+                    tracing::debug!(op = name, attempt, error = %e, "retrying transient database error");
+                    tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
+                    attempt += 1;
+                }
+                result => {
+                    self.metrics
+                        .observe_store(name, result.is_ok(), started.elapsed());
+                    return result;
+                }
+            }
+        }
+    }
+}
+
+/// SQLite busy/locked and PostgreSQL serialization failures and deadlocks go away on retry.
+fn is_transient(e: &DbErr) -> bool {
+    let (DbErr::Exec(RuntimeErr::SqlxError(se))
+    | DbErr::Query(RuntimeErr::SqlxError(se))
+    | DbErr::Conn(RuntimeErr::SqlxError(se))) = e
+    else {
+        return matches!(e, DbErr::ConnectionAcquire(_));
+    };
+    match &**se {
+        sea_orm::sqlx::Error::Database(d) => {
+            matches!(
+                d.code().as_deref(),
+                Some("5" | "6" | "261" | "262" | "517" | "40001" | "40P01")
+            )
+        }
+        sea_orm::sqlx::Error::PoolTimedOut | sea_orm::sqlx::Error::Io(_) => true,
+        _ => false,
+    }
+}
+
+/// Hides the password of a database URL in messages.
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Whether an error is a unique-constraint violation.
+pub(crate) fn is_unique_violation(e: &DbErr) -> bool {
+    matches!(
+        e.sql_err(),
+        Some(sea_orm::SqlErr::UniqueConstraintViolation(_))
+    )
+}
+
+/// Reads a JSON column into a type, or says which row is corrupt.
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
+    table: &'static str,
+    id: &str,
+    v: Value,
+) -> Result<T, StoreError> {
+    serde_json::from_value(v).map_err(|e| StoreError::corrupt(table, id, e))
+}
+
+/// Parses a text column into a type, or says which row is corrupt.
+pub(crate) fn parse_col<T: FromStr>(table: &'static str, id: &str, v: &str) -> Result<T, StoreError>
+where
+    T::Err: std::fmt::Display,
+{
+    v.parse()
+        .map_err(|e: T::Err| StoreError::corrupt(table, id, format!("{v:?}: {e}")))
+}
+
+/// A fresh time-ordered id made at `now`.
+pub(crate) fn new_uuid(now: DateTime<Utc>) -> uuid::Uuid {
+    let millis = u64::try_from(now.timestamp_millis()).unwrap_or(0);
+    let random: [u8; 10] = rand::random();
+    uuid::Builder::from_unix_timestamp_millis(millis, &random).into_uuid()
+}

@@ -1,0 +1,697 @@
+//! Jobs: what a team submits, and the lifecycle a job goes through.
+//!
+//! A job is a gang of `replicas` identical replicas, each asking for one [`GpuShape`] plus CPU
+//! and memory. All replicas are placed at once or none is.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::TeamName;
+use crate::money::Micros;
+use crate::node::Cloud;
+use crate::shape::{GpuShape, ResourceShape};
+use crate::validate::{FieldErrors, check_name};
+
+/// The most replicas one gang may have (Philly's largest jobs gang over 64 GPUs; a gang of
+/// shared-GPU replicas can be wider).
+pub const MAX_REPLICAS: u32 = 1024;
+pub const DEFAULT_CPU_MILLI: u32 = 1000;
+pub const DEFAULT_MEMORY_MIB: u64 = 4096;
+pub const DEFAULT_CHECKPOINT_INTERVAL_S: u32 = 600;
+/// Environment variables spotplane sets for the workload; users may not set these prefixes.
+pub const RESERVED_ENV_PREFIX: &str = "SPOTPLANE_";
+
+/// Named priority classes. Numbers are allowed too; these are their values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "kebab-case")]
+pub enum PriorityClass {
+    /// Latency-bound inference; preempts everything below it within its team.
+    Serving,
+    /// Fine-tuning runs.
+    FineTune,
+    /// Batch work: the default.
+    Batch,
+}
+
+impl PriorityClass {
+    pub const fn value(self) -> i32 {
+        match self {
+            PriorityClass::Serving => 1000,
+            PriorityClass::FineTune => 500,
+            PriorityClass::Batch => 100,
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PriorityClass::Serving => "serving",
+            PriorityClass::FineTune => "fine-tune",
+            PriorityClass::Batch => "batch",
+        }
+    }
+}
+
+/// The highest numeric priority accepted.
+pub const MAX_PRIORITY: i32 = 10_000;
+
+/// A job's priority: a named class or a number from 0 to 10,000 (higher runs first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Priority {
+    Class(PriorityClass),
+    Value(i32),
+}
+
+impl Default for Priority {
+    fn default() -> Self {
+        Priority::Class(PriorityClass::Batch)
+    }
+}
+
+impl Priority {
+    pub const fn value(self) -> i32 {
+        match self {
+            Priority::Class(c) => c.value(),
+            Priority::Value(v) => v,
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Priority::Class(c) => f.write_str(c.as_str()),
+            Priority::Value(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+impl Serialize for Priority {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Priority::Class(c) => c.serialize(s),
+            Priority::Value(v) => s.serialize_i32(*v),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Priority {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Priority;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(
+                    f,
+                    "\"serving\", \"fine-tune\", \"batch\" or an integer from 0 to {MAX_PRIORITY}"
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Priority, E> {
+                match v {
+                    "serving" => Ok(Priority::Class(PriorityClass::Serving)),
+                    "fine-tune" => Ok(Priority::Class(PriorityClass::FineTune)),
+                    "batch" => Ok(Priority::Class(PriorityClass::Batch)),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Priority, E> {
+                match i32::try_from(v) {
+                    Ok(p) if (0..=MAX_PRIORITY).contains(&p) => Ok(Priority::Value(p)),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Signed(v), &self)),
+                }
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Priority, E> {
+                match i32::try_from(v) {
+                    Ok(p) if p <= MAX_PRIORITY => Ok(Priority::Value(p)),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Unsigned(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Priority {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, SchemaType, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::new(Type::String))
+                    .enum_values(Some(["serving", "fine-tune", "batch"])),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::new(Type::Integer))
+                    .minimum(Some(0))
+                    .maximum(Some(MAX_PRIORITY)),
+            )
+            .description(Some(
+                "A priority class or a number from 0 to 10000; higher runs first.",
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Priority {}
+
+/// Where and how often a job checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Object-store prefix: `s3://bucket/prefix`, `gs://…`, `az://container/prefix` or `file:///path`.
+    pub uri: String,
+    /// Seconds between periodic checkpoints (30 to 86,400).
+    #[serde(default = "default_interval")]
+    pub interval_s: u32,
+}
+
+fn default_interval() -> u32 {
+    DEFAULT_CHECKPOINT_INTERVAL_S
+}
+
+/// URI schemes the checkpoint store understands.
+pub const CHECKPOINT_SCHEMES: [&str; 6] = ["s3", "gs", "az", "azure", "abfs", "file"];
+
+fn default_replicas() -> u32 {
+    1
+}
+fn default_cpu() -> u32 {
+    DEFAULT_CPU_MILLI
+}
+fn default_memory() -> u64 {
+    DEFAULT_MEMORY_MIB
+}
+fn default_true() -> bool {
+    true
+}
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+/// What a team submits. Only `name`, `shape` and `command` are required.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(example = json!({
+    "name": "llama-ft", "priority": "fine-tune", "replicas": 2, "shape": {"mig": "3g.40gb"},
+    "cpu_milli": 8000, "memory_mib": 32768, "command": ["python", "train.py"],
+    "checkpoint": {"uri": "s3://bucket/prefix", "interval_s": 600}, "spot": true, "clouds": ["aws", "gcp"]
+})))]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// A name for people; need not be unique.
+    pub name: String,
+    /// The owning team. Team tokens may omit it (their team is used); admin tokens must name it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<TeamName>,
+    #[serde(default)]
+    pub priority: Priority,
+    /// Gang size: all replicas are placed at once or none is.
+    #[serde(default = "default_replicas")]
+    pub replicas: u32,
+    /// What each replica needs of GPUs.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::shape::ShapeWire))]
+    pub shape: GpuShape,
+    /// CPU per replica in thousandths of a core.
+    #[serde(default = "default_cpu")]
+    pub cpu_milli: u32,
+    /// Memory per replica in MiB.
+    #[serde(default = "default_memory")]
+    pub memory_mib: u64,
+    /// The workload's command line, handed to the node agent as is.
+    pub command: Vec<String>,
+    /// Container image, handed to the node agent as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSpec>,
+    /// When the job must have finished; the planner falls back to on-demand capacity to keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DateTime<Utc>>,
+    /// The most the whole gang may cost per hour, in US dollars.
+    #[serde(default, with = "usd_opt", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, example = 12.5))]
+    pub max_hourly_usd: Option<Micros>,
+    /// Whether spot capacity may be used (default true).
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub spot: bool,
+    /// Clouds the job may run on; any when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clouds: Vec<Cloud>,
+    /// Regions the job may run in; any when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `max_hourly_usd` is written in dollars on the wire and held as micro-dollars.
+mod usd_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::money::Micros;
+
+    pub fn serialize<S: Serializer>(v: &Option<Micros>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(m) => s.serialize_f64(m.as_usd_f64()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Micros>, D::Error> {
+        let v = Option::<f64>::deserialize(d)?;
+        v.map(|usd| Micros::from_usd_f64(usd).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+impl JobSpec {
+    /// A spec with only the required fields set and every default applied.
+    pub fn new(name: impl Into<String>, shape: GpuShape, command: Vec<String>) -> Self {
+        JobSpec {
+            name: name.into(),
+            team: None,
+            priority: Priority::default(),
+            replicas: 1,
+            shape,
+            cpu_milli: DEFAULT_CPU_MILLI,
+            memory_mib: DEFAULT_MEMORY_MIB,
+            command,
+            image: None,
+            env: BTreeMap::new(),
+            checkpoint: None,
+            deadline: None,
+            max_hourly_usd: None,
+            spot: true,
+            clouds: Vec::new(),
+            regions: Vec::new(),
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// What each replica needs.
+    pub fn replica_shape(&self) -> ResourceShape {
+        ResourceShape {
+            gpu: self.shape.clone(),
+            cpu_milli: self.cpu_milli,
+            memory_mib: self.memory_mib,
+        }
+    }
+
+    /// Checks every rule that the types alone do not, reporting all failures with their paths.
+    /// `now` is needed because a deadline must lie in the future.
+    pub fn validate(&self, now: DateTime<Utc>) -> FieldErrors {
+        let mut errs = FieldErrors::new();
+        if let Err(m) = check_name(&self.name) {
+            errs.push("name", m);
+        }
+        if self.replicas == 0 || self.replicas > MAX_REPLICAS {
+            errs.push(
+                "replicas",
+                format!(
+                    "must be between 1 and {MAX_REPLICAS}, got {}",
+                    self.replicas
+                ),
+            );
+        }
+        errs.extend_nested("shape", self.shape.validate());
+        if self.cpu_milli > 1_024_000 {
+            errs.push(
+                "cpu_milli",
+                format!(
+                    "must be at most 1024000 (1024 cores), got {}",
+                    self.cpu_milli
+                ),
+            );
+        }
+        if self.memory_mib > 16 * 1024 * 1024 {
+            errs.push(
+                "memory_mib",
+                format!("must be at most 16777216 (16 TiB), got {}", self.memory_mib),
+            );
+        }
+        if self.command.is_empty() {
+            errs.push("command", "must hold at least the program to run");
+        } else if self.command[0].trim().is_empty() {
+            errs.push("command[0]", "the program must not be empty");
+        }
+        let arg_bytes: usize = self.command.iter().map(String::len).sum();
+        if arg_bytes > 64 * 1024 {
+            errs.push(
+                "command",
+                format!("must be at most 65536 bytes in all, got {arg_bytes}"),
+            );
+        }
+        if let Some(image) = &self.image {
+            if image.trim().is_empty()
+                || image.len() > 512
+                || image.chars().any(char::is_whitespace)
+            {
+                errs.push(
+                    "image",
+                    "must be a non-empty image reference without spaces, at most 512 characters",
+                );
+            }
+        }
+        for (k, v) in &self.env {
+            let valid_name = !k.is_empty()
+                && !k.starts_with(|c: char| c.is_ascii_digit())
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid_name {
+                errs.push(format!("env.{k}"), "environment variable names hold letters, digits and '_' and do not start with a digit");
+            } else if k.starts_with(RESERVED_ENV_PREFIX) {
+                errs.push(
+                    format!("env.{k}"),
+                    format!("names starting with {RESERVED_ENV_PREFIX} are set by spotplane"),
+                );
+            }
+            if v.len() > 32 * 1024 {
+                errs.push(format!("env.{k}"), "values must be at most 32768 bytes");
+            }
+        }
+        if self.env.len() > 256 {
+            errs.push("env", "at most 256 variables");
+        }
+        if let Some(c) = &self.checkpoint {
+            match c.uri.split_once("://") {
+                Some((scheme, rest))
+                    if CHECKPOINT_SCHEMES.contains(&scheme)
+                        && !rest.trim_matches('/').is_empty() => {}
+                _ => errs.push(
+                    "checkpoint.uri",
+                    format!(
+                        "must be an object-store URI with a bucket or path, one of {}:// schemes",
+                        CHECKPOINT_SCHEMES.join("://, ")
+                    ),
+                ),
+            }
+            if !(30..=86_400).contains(&c.interval_s) {
+                errs.push(
+                    "checkpoint.interval_s",
+                    format!("must be between 30 and 86400 seconds, got {}", c.interval_s),
+                );
+            }
+        }
+        if let Some(d) = self.deadline {
+            if d <= now {
+                errs.push(
+                    "deadline",
+                    format!("must lie in the future, got {}", d.to_rfc3339()),
+                );
+            }
+        }
+        if let Some(p) = self.max_hourly_usd {
+            if p.0 <= 0 || p > Micros::from_dollars(100_000) {
+                errs.push("max_hourly_usd", "must be more than 0 and at most 100000");
+            }
+        }
+        let mut seen = Vec::new();
+        for (i, c) in self.clouds.iter().enumerate() {
+            if seen.contains(c) {
+                errs.push(format!("clouds[{i}]"), format!("{c} is listed twice"));
+            }
+            seen.push(*c);
+        }
+        for (i, r) in self.regions.iter().enumerate() {
+            let ok = !r.is_empty()
+                && r.len() <= 64
+                && r.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+            if !ok {
+                errs.push(
+                    format!("regions[{i}]"),
+                    "a region is written in lowercase letters, digits and '-', e.g. us-east-1",
+                );
+            }
+        }
+        for (k, v) in &self.labels {
+            if k.is_empty()
+                || k.len() > 63
+                || !k
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+            {
+                errs.push(
+                    format!("labels.{k}"),
+                    "label keys hold 1 to 63 letters, digits, '-', '_', '.' and '/'",
+                );
+            }
+            if v.len() > 256 {
+                errs.push(
+                    format!("labels.{k}"),
+                    "label values must be at most 256 characters",
+                );
+            }
+        }
+        if self.labels.len() > 64 {
+            errs.push("labels", "at most 64 labels");
+        }
+        errs
+    }
+}
+
+/// Job lifecycle. The happy path is `queued -> admitted -> starting -> running -> succeeded`;
+/// on a preemption notice `running -> draining -> checkpointed -> queued`; when a node vanishes
+/// without warning `running -> lost -> queued`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Admitted,
+    Starting,
+    Running,
+    Draining,
+    Checkpointed,
+    Lost,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 10] = [
+        JobState::Queued,
+        JobState::Admitted,
+        JobState::Starting,
+        JobState::Running,
+        JobState::Draining,
+        JobState::Checkpointed,
+        JobState::Lost,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Admitted => "admitted",
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Draining => "draining",
+            JobState::Checkpointed => "checkpointed",
+            JobState::Lost => "lost",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub const fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    /// Whether the lifecycle allows going from `self` to `to`. Any live state may be cancelled
+    /// or fail; an admitted or starting job whose node goes away goes back to the queue.
+    pub fn can_transition_to(self, to: JobState) -> bool {
+        use JobState::*;
+        if self.is_terminal() {
+            return false;
+        }
+        matches!(
+            (self, to),
+            (Queued, Admitted)
+                | (Admitted, Starting)
+                | (Admitted | Starting, Queued)
+                | (Starting, Running)
+                | (Running, Succeeded)
+                | (Running | Starting, Draining)
+                | (Draining, Checkpointed)
+                | (Checkpointed, Queued)
+                | (Running | Starting | Draining, Lost)
+                | (Lost, Queued)
+                | (_, Failed)
+                | (_, Cancelled)
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|j| j.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown job state {s:?}; expected one of {}",
+                    JobState::ALL.map(|j| j.as_str()).join(", ")
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0)
+            .single()
+            .expect("valid time")
+    }
+
+    #[test]
+    fn the_documented_example_parses_and_validates() {
+        let json = r#"{"name": "llama-ft", "priority": "fine-tune", "replicas": 2, "shape": {"mig": "3g.40gb"},
+            "cpu_milli": 8000, "memory_mib": 32768, "command": ["python", "train.py"], "image": "ghcr.io/x/y:1",
+            "env": {}, "checkpoint": {"uri": "s3://bucket/prefix", "interval_s": 600},
+            "deadline": "2026-12-01T00:00:00Z", "max_hourly_usd": 12.5, "spot": true,
+            "clouds": ["aws", "gcp"], "labels": {}}"#;
+        let spec: JobSpec = serde_json::from_str(json).expect("parses");
+        assert_eq!(spec.validate(now()), FieldErrors::new());
+        assert_eq!(spec.priority.value(), 500);
+        assert_eq!(spec.max_hourly_usd, Some(Micros(12_500_000)));
+    }
+
+    #[test]
+    fn only_name_shape_and_command_are_required() {
+        let spec: JobSpec =
+            serde_json::from_str(r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"]}"#)
+                .expect("parses");
+        assert_eq!(spec.replicas, 1);
+        assert!(spec.spot);
+        assert_eq!(spec.priority, Priority::Class(PriorityClass::Batch));
+        assert!(spec.validate(now()).is_empty());
+        for missing in [
+            r#"{"shape": {"gpus": 1}, "command": ["x"]}"#,
+            r#"{"name": "a", "command": ["x"]}"#,
+            r#"{"name": "a", "shape": {"gpus": 1}}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<JobSpec>(missing).is_err(),
+                "{missing}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_priorities_are_rejected() {
+        assert!(
+            serde_json::from_str::<JobSpec>(
+                r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "gpu": 1}"#
+            )
+            .is_err()
+        );
+        assert!(
+            serde_json::from_str::<JobSpec>(
+                r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "priority": "urgent"}"#
+            )
+            .is_err()
+        );
+        assert!(
+            serde_json::from_str::<JobSpec>(
+                r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "priority": 10001}"#
+            )
+            .is_err()
+        );
+        let p: JobSpec = serde_json::from_str(
+            r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "priority": 42}"#,
+        )
+        .expect("number");
+        assert_eq!(p.priority, Priority::Value(42));
+    }
+
+    #[test]
+    fn validation_reports_every_problem_with_its_path() {
+        let mut spec = JobSpec::new(
+            "Bad Name",
+            GpuShape::Shared {
+                gpu_milli: 0,
+                models: vec![],
+            },
+            vec![],
+        );
+        spec.replicas = 0;
+        spec.deadline = Some(now());
+        spec.env
+            .insert("SPOTPLANE_CHECKPOINT_DIR".into(), "/x".into());
+        spec.checkpoint = Some(CheckpointSpec {
+            uri: "ftp://x".into(),
+            interval_s: 5,
+        });
+        spec.regions.push("US East".into());
+        let errs = spec.validate(now());
+        let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "name",
+                "replicas",
+                "shape.gpu_milli",
+                "command",
+                "env.SPOTPLANE_CHECKPOINT_DIR",
+                "checkpoint.uri",
+                "checkpoint.interval_s",
+                "deadline",
+                "regions[0]"
+            ]
+        );
+    }
+
+    #[test]
+    fn money_beyond_micro_precision_is_rejected_at_parse_time() {
+        let r = serde_json::from_str::<JobSpec>(
+            r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "max_hourly_usd": 0.0000001}"#,
+        );
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn terminal_states_are_final_and_preemption_returns_to_the_queue() {
+        for s in JobState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            for to in JobState::ALL {
+                assert!(!s.can_transition_to(to), "{s} -> {to}");
+            }
+        }
+        let path = [
+            JobState::Running,
+            JobState::Draining,
+            JobState::Checkpointed,
+            JobState::Queued,
+        ];
+        assert!(path.windows(2).all(|w| w[0].can_transition_to(w[1])));
+        let lost = [JobState::Running, JobState::Lost, JobState::Queued];
+        assert!(lost.windows(2).all(|w| w[0].can_transition_to(w[1])));
+        assert!(!JobState::Queued.can_transition_to(JobState::Running));
+    }
+}

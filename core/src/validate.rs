@@ -1,0 +1,154 @@
+//! Field-level validation errors.
+//!
+//! Validation never stops at the first problem: every rule that fails adds a [`FieldError`]
+//! naming the offending field by its path in the request (`shape.gpus`, `env.PATH`), so a user
+//! fixes a request in one round trip. The API turns the list into `problem+json`.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// One problem with one field of a request or a configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FieldError {
+    /// Dotted path of the field, e.g. `shape.gpus` or `checkpoint.uri`.
+    pub field: String,
+    /// What is wrong, in words meant for the person who wrote the request.
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Every problem found while validating one value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldErrors(Vec<FieldError>);
+
+impl FieldErrors {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    /// Adds the errors of a nested value, prefixing their paths with `prefix`.
+    pub fn extend_nested(&mut self, prefix: &str, nested: FieldErrors) {
+        for e in nested.0 {
+            let field = if e.field.is_empty() {
+                prefix.to_owned()
+            } else {
+                format!("{prefix}.{}", e.field)
+            };
+            self.0.push(FieldError {
+                field,
+                message: e.message,
+            });
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &FieldError> {
+        self.0.iter()
+    }
+
+    pub fn into_vec(self) -> Vec<FieldError> {
+        self.0
+    }
+
+    /// `Ok(())` when nothing was found, the errors otherwise.
+    pub fn into_result(self) -> Result<(), FieldErrors> {
+        if self.0.is_empty() { Ok(()) } else { Err(self) }
+    }
+}
+
+impl fmt::Display for FieldErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for FieldErrors {}
+
+impl From<FieldError> for FieldErrors {
+    fn from(e: FieldError) -> Self {
+        FieldErrors(vec![e])
+    }
+}
+
+/// A name users type: 1–63 characters of lowercase letters, digits, `-`, `_` and `.`,
+/// starting with a letter or digit. Used for teams, jobs and tokens.
+pub fn check_name(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if value.len() > 63 {
+        return Err(format!(
+            "must be at most 63 characters, got {}",
+            value.len()
+        ));
+    }
+    let mut chars = value.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !first_ok {
+        return Err("must start with a lowercase letter or a digit".into());
+    }
+    if let Some(bad) = value
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(format!(
+            "may hold only lowercase letters, digits, '-', '_' and '.', found {bad:?}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_documented_alphabet() {
+        for ok in ["a", "llama-ft", "team_1", "v1.2", "0abc"] {
+            assert_eq!(check_name(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "-x", "Upper", "with space", "ü", &"a".repeat(64)] {
+            assert!(check_name(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn nested_errors_carry_their_parent_path() {
+        let mut inner = FieldErrors::new();
+        inner.push("gpus", "too many");
+        inner.push("", "bad shape");
+        let mut outer = FieldErrors::new();
+        outer.extend_nested("shape", inner);
+        let fields: Vec<_> = outer.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["shape.gpus", "shape"]);
+    }
+}

@@ -1,0 +1,22 @@
+//! spotplane's database schema, as forward-only migrations.
+//!
+//! Each migration is a file `mYYYYMMDD_NNNNNN_what.rs`, applied in order, recorded in
+//! `seaql_migrations`, and never edited once released: a change to the schema is a new
+//! migration. There are no `down` migrations; to undo, write a new one that moves forward.
+//! The same migrations run on SQLite (the embedded default) and PostgreSQL (production), so they
+//! use only column types both support: text ids (UUIDv7 strings), 64-bit integers for
+//! micro-dollars and counts, timestamps with time zone, and JSON for nested values.
+
+pub use sea_orm_migration::MigrationStatus;
+pub use sea_orm_migration::prelude::*;
+
+mod m20261130_000001_initial;
+
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261130_000001_initial::Migration)]
+    }
+}
