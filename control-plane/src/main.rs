@@ -1,1 +1,234 @@
-fn main() {}
+//! The `spotplane` binary: server, migrations, demo, and a client of the API.
+
+use std::io::Read;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use reqwest::Method;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use spotplane::cli::{BenchCommand, Cli, ClientArgs, Command, JobCommand};
+use spotplane::client::Client;
+use spotplane::clock::SystemClock;
+use spotplane::config::{Config, ConfigError};
+use spotplane::metrics::Metrics;
+use spotplane::server::{ServeOptions, Server, shutdown_signal};
+use spotplane::store::Store;
+use spotplane::{bench, demo, telemetry};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            match e.downcast_ref::<ConfigError>() {
+                Some(ConfigError::Invalid(errs)) => {
+                    eprintln!("error: invalid configuration:");
+                    for fe in errs.iter() {
+                        eprintln!("  {}: {}", fe.field, fe.message);
+                    }
+                }
+                _ => eprintln!("error: {e:#}"),
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn bootstrap_token() -> Option<String> {
+    std::env::var("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN").ok().filter(|t| !t.is_empty())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve => {
+            let config = Config::load(cli.config.as_deref())?;
+            telemetry::init(&config.log);
+            let server = Server::start(
+                &config,
+                Arc::new(SystemClock),
+                ServeOptions { bootstrap_admin_token: bootstrap_token() },
+            )
+            .await?;
+            let cancel = server.cancellation();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                cancel.cancel();
+            });
+            server.wait().await
+        }
+        Command::Migrate => {
+            let config = Config::load(cli.config.as_deref())?;
+            telemetry::init(&config.log);
+            let store = Store::connect(&config.database, Metrics::new()).await?;
+            let pending = store.pending_migrations().await?;
+            store.migrate().await?;
+            if pending.is_empty() {
+                println!("the schema is current");
+            } else {
+                for m in pending {
+                    println!("applied {m}");
+                }
+            }
+            Ok(())
+        }
+        Command::Demo(args) => {
+            let config = Config::load(cli.config.as_deref())?;
+            telemetry::init(&config.log);
+            demo::run(config, args, bootstrap_token()).await
+        }
+        Command::Config => {
+            let config = Config::load(cli.config.as_deref())?;
+            print!("{}", toml_of(&config)?);
+            Ok(())
+        }
+        Command::Job(cmd) => job(cmd).await,
+        Command::Bench(BenchCommand::Submit { client, concurrency, duration, warmup, json }) => {
+            let admin = client_of(&client)?;
+            let report = bench::submit(&admin, concurrency, warmup, duration).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "{} submissions in {:.1} s with {} in flight: {:.0}/s, p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} errors",
+                    report.submitted, report.seconds, report.concurrency, report.per_second,
+                    report.p50_ms, report.p90_ms, report.p99_ms, report.max_ms, report.errors
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn toml_of(config: &Config) -> anyhow::Result<String> {
+    // figment reads TOML; for printing, JSON-as-TOML is not worth a dependency: print JSON.
+    Ok(serde_json::to_string_pretty(config)? + "\n")
+}
+
+fn client_of(args: &ClientArgs) -> anyhow::Result<Client> {
+    let token = args
+        .token
+        .clone()
+        .context("no token: set SPOTPLANE_TOKEN or pass --token")?;
+    Ok(Client::new(&args.url, Some(token))?)
+}
+
+/// Reads a job file: JSON or YAML, by extension, else JSON first and YAML second.
+fn read_job_file(path: &std::path::Path) -> anyhow::Result<(Value, Vec<u8>)> {
+    let mut raw = Vec::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin().read_to_end(&mut raw)?;
+    } else {
+        raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    }
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default().to_ascii_lowercase();
+    let value: Value = match ext.as_str() {
+        "json" => serde_json::from_slice(&raw).with_context(|| format!("{} is not valid JSON", path.display()))?,
+        "yaml" | "yml" => serde_yaml_ng::from_slice(&raw).with_context(|| format!("{} is not valid YAML", path.display()))?,
+        _ => match serde_json::from_slice(&raw) {
+            Ok(v) => v,
+            Err(_) => serde_yaml_ng::from_slice(&raw)
+                .with_context(|| format!("{} is neither JSON nor YAML", path.display()))?,
+        },
+    };
+    Ok((value, raw))
+}
+
+async fn job(cmd: JobCommand) -> anyhow::Result<()> {
+    match cmd {
+        JobCommand::Submit { file, idempotency_key, client } => {
+            let c = client_of(&client)?;
+            let (body, raw) = read_job_file(&file)?;
+            let key = idempotency_key.unwrap_or_else(|| format!("cli-{}", hex::encode(&Sha256::digest(&raw)[..16])));
+            let (status, job) = c
+                .call::<Value>(Method::POST, "/v1/jobs", Some(&body), &[("idempotency-key", key.as_str())])
+                .await?;
+            if status == reqwest::StatusCode::OK {
+                eprintln!("(already submitted with this content; showing the existing job)");
+            }
+            println!("{}", serde_json::to_string_pretty(&job)?);
+        }
+        JobCommand::List { state, team, limit, json, client } => {
+            let c = client_of(&client)?;
+            let mut query = vec![format!("limit={limit}")];
+            if let Some(s) = state {
+                query.push(format!("state={s}"));
+            }
+            if let Some(t) = team {
+                query.push(format!("team={t}"));
+            }
+            let page = c.get(&format!("/v1/jobs?{}", query.join("&"))).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&page)?);
+            } else {
+                print_jobs(&page);
+            }
+        }
+        JobCommand::Show { id, client } => {
+            let c = client_of(&client)?;
+            println!("{}", serde_json::to_string_pretty(&c.get(&format!("/v1/jobs/{id}")).await?)?);
+        }
+        JobCommand::Cancel { id, reason, client } => {
+            let c = client_of(&client)?;
+            let body = serde_json::json!({ "reason": reason });
+            let job = c.post(&format!("/v1/jobs/{id}/cancel"), &body).await?;
+            println!("{} {}", job["id"].as_str().unwrap_or(&id), job["state"].as_str().unwrap_or("?"));
+        }
+        JobCommand::Events { id, client } => {
+            let c = client_of(&client)?;
+            let page = c.get(&format!("/v1/jobs/{id}/events")).await?;
+            for e in page["items"].as_array().into_iter().flatten() {
+                println!(
+                    "{}  {:<18} {}",
+                    e["at"].as_str().unwrap_or(""),
+                    e["type"].as_str().unwrap_or(""),
+                    e["reason"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn shape_text(shape: &Value) -> String {
+    if let Some(g) = shape.get("gpus") {
+        format!("{g}x gpu")
+    } else if let Some(m) = shape.get("mig").and_then(Value::as_str) {
+        format!("mig {m}")
+    } else if let Some(m) = shape.get("gpu_milli") {
+        format!("{m}m gpu")
+    } else {
+        "?".into()
+    }
+}
+
+fn print_jobs(page: &Value) {
+    println!("{:<36}  {:<14} {:<20} {:<12} {:<10} {:>8}  SHAPE", "ID", "TEAM", "NAME", "STATE", "PRIORITY", "REPLICAS");
+    for j in page["items"].as_array().into_iter().flatten() {
+        println!(
+            "{:<36}  {:<14} {:<20} {:<12} {:<10} {:>8}  {}",
+            j["id"].as_str().unwrap_or(""),
+            j["team"].as_str().unwrap_or(""),
+            j["name"].as_str().unwrap_or(""),
+            j["state"].as_str().unwrap_or(""),
+            match &j["priority"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            },
+            j["replicas"].as_u64().unwrap_or(1),
+            shape_text(&j["shape"]),
+        );
+    }
+    if let Some(c) = page["next_cursor"].as_str() {
+        println!("(more: --cursor is {c})");
+    }
+}

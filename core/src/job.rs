@@ -350,17 +350,16 @@ impl JobSpec {
                 format!("must be at most 65536 bytes in all, got {arg_bytes}"),
             );
         }
-        if let Some(image) = &self.image {
-            if image.trim().is_empty()
+        if let Some(image) = &self.image
+            && (image.trim().is_empty()
                 || image.len() > 512
-                || image.chars().any(char::is_whitespace)
+                || image.chars().any(char::is_whitespace))
             {
                 errs.push(
                     "image",
                     "must be a non-empty image reference without spaces, at most 512 characters",
                 );
             }
-        }
         for (k, v) in &self.env {
             let valid_name = !k.is_empty()
                 && !k.starts_with(|c: char| c.is_ascii_digit())
@@ -400,19 +399,17 @@ impl JobSpec {
                 );
             }
         }
-        if let Some(d) = self.deadline {
-            if d <= now {
+        if let Some(d) = self.deadline
+            && d <= now {
                 errs.push(
                     "deadline",
                     format!("must lie in the future, got {}", d.to_rfc3339()),
                 );
             }
-        }
-        if let Some(p) = self.max_hourly_usd {
-            if p.0 <= 0 || p > Micros::from_dollars(100_000) {
+        if let Some(p) = self.max_hourly_usd
+            && (p.0 <= 0 || p > Micros::from_dollars(100_000)) {
                 errs.push("max_hourly_usd", "must be more than 0 and at most 100000");
             }
-        }
         let mut seen = Vec::new();
         for (i, c) in self.clouds.iter().enumerate() {
             if seen.contains(c) {

@@ -89,24 +89,21 @@ pub fn validate_team_settings(
     quotas: Option<&BTreeMap<QuotaResource, Quota>>,
 ) -> FieldErrors {
     let mut errs = FieldErrors::new();
-    if let Some(n) = name {
-        if let Err(m) = check_name(n) {
+    if let Some(n) = name
+        && let Err(m) = check_name(n) {
             errs.push("name", m);
         }
-    }
-    if let Some(w) = weight {
-        if !w.is_finite() || w <= 0.0 || w > 1000.0 {
+    if let Some(w) = weight
+        && (!w.is_finite() || w <= 0.0 || w > 1000.0) {
             errs.push(
                 "weight",
                 format!("must be more than 0 and at most 1000, got {w}"),
             );
         }
-    }
-    if let Some(c) = cohort {
-        if let Err(m) = check_name(c) {
+    if let Some(c) = cohort
+        && let Err(m) = check_name(c) {
             errs.push("cohort", m);
         }
-    }
     if let Some(q) = quotas {
         for (res, quota) in q {
             let path = format!("quotas.{res}");
@@ -116,14 +113,13 @@ pub fn validate_team_settings(
                     format!("must be at most {MAX_QUOTA}"),
                 );
             }
-            if let Some(l) = quota.lending_limit {
-                if l > quota.nominal {
+            if let Some(l) = quota.lending_limit
+                && l > quota.nominal {
                     errs.push(
                         format!("{path}.lending_limit"),
                         "cannot lend more than the nominal quota",
                     );
                 }
-            }
             if quota.borrowing_limit.is_some_and(|b| b > MAX_QUOTA) {
                 errs.push(
                     format!("{path}.borrowing_limit"),

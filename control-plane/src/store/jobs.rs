@@ -327,13 +327,12 @@ impl Store {
             let txn = self.write.begin().await?;
             let row = self.job_row(&txn, id, team_id).await?;
             let from: JobState = parse_col("jobs", &row.id, &row.state)?;
-            if let Some(expected) = expect_from {
-                if from != expected {
+            if let Some(expected) = expect_from
+                && from != expected {
                     return Err(StoreError::Conflict(format!(
                         "job {id} is {from}, not {expected}"
                     )));
                 }
-            }
             if !from.can_transition_to(to) {
                 return Err(StoreError::Conflict(format!(
                     "job {id} is {from} and cannot become {to}"

@@ -1,0 +1,193 @@
+//! Request extractors that answer bad input with a problem naming the field.
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::http::header;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use super::AppState;
+use super::problem::ApiError;
+use crate::model::Role;
+use crate::store::Principal;
+
+/// A JSON body, parsed with the path of the first offending field in errors.
+#[derive(Debug, Clone)]
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(|mime| {
+                let mime = mime.trim().to_ascii_lowercase();
+                mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+            })
+            .unwrap_or(false);
+        if !is_json {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|rej| match rej {
+            BytesRejection::FailedToBufferBody(_) if rej.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
+                ApiError::PayloadTooLarge { limit: state.max_body_bytes() }
+            }
+            other => ApiError::BadRequest { detail: other.body_text(), field: None },
+        })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses JSON, turning serde's error into a problem that names the field.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof | serde_json::error::Category::Io => {
+                ApiError::BadRequest {
+                    detail: format!("malformed JSON: {inner}"),
+                    field: None,
+                }
+            }
+            serde_json::error::Category::Data => {
+                let message = strip_position(&inner.to_string());
+                let field = field_of(&path, &message);
+                ApiError::field(field, message)
+            }
+        }
+    })
+}
+
+/// serde_json appends " at line 1 column 42" to data errors; the field path says more.
+fn strip_position(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_owned(),
+        None => msg.to_owned(),
+    }
+}
+
+/// The field an error is about. For a missing field serde reports the enclosing object's path,
+/// for an unknown one sometimes too; the field's name is in the message.
+fn field_of(path: &str, message: &str) -> String {
+    let parent = if path == "." { "" } else { path };
+    let named = ["missing field `", "unknown field `"]
+        .iter()
+        .find_map(|p| message.strip_prefix(p))
+        .and_then(|rest| rest.split('`').next());
+    match named {
+        Some(name) if !parent.ends_with(name) => {
+            if parent.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{parent}.{name}")
+            }
+        }
+        _ if parent.is_empty() => "body".to_owned(),
+        _ => parent.to_owned(),
+    }
+}
+
+/// A query string, with errors as problems.
+#[derive(Debug, Clone)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| ApiQuery(q))
+            .map_err(|rej: QueryRejection| {
+                let text = rej.body_text();
+                let detail = text.strip_prefix("Failed to deserialize query string: ").unwrap_or(&text).to_owned();
+                let field = detail
+                    .strip_prefix("unknown field `")
+                    .and_then(|r| r.split('`').next())
+                    .map(|f| format!("query.{f}"))
+                    .unwrap_or_else(|| "query".to_owned());
+                ApiError::BadRequest { detail, field: Some(field) }
+            })
+    }
+}
+
+/// The caller, authenticated by its bearer token.
+#[derive(Debug, Clone)]
+pub struct Auth(pub Principal);
+
+impl Auth {
+    /// Passes when the caller has one of `roles`.
+    pub fn require(&self, roles: &[Role]) -> Result<&Principal, ApiError> {
+        if roles.contains(&self.0.role) { Ok(&self.0) } else { Err(ApiError::forbidden()) }
+    }
+
+    pub fn is_admin(&self) -> bool {
+        self.0.role == Role::Admin
+    }
+}
+
+impl FromRequestParts<AppState> for Auth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let header = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or(ApiError::Unauthenticated)?;
+        let (scheme, secret) = header.split_once(' ').ok_or(ApiError::Unauthenticated)?;
+        if !scheme.eq_ignore_ascii_case("bearer") || secret.trim().is_empty() || secret.len() > 512 {
+            return Err(ApiError::Unauthenticated);
+        }
+        let principal = state
+            .authenticate(secret.trim())
+            .await?
+            .ok_or(ApiError::Unauthenticated)?;
+        Ok(Auth(principal))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spotplane_core::JobSpec;
+
+    fn field_and_status(body: &str) -> (Option<String>, u16) {
+        match parse_json::<JobSpec>(body.as_bytes()) {
+            Ok(_) => (None, 200),
+            Err(e) => {
+                let p = e.to_problem();
+                (p.field, p.status)
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_offending_field() {
+        let cases = [
+            (r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"]}"#, None, 200),
+            (r#"{"shape": {"gpus": 1}, "command": ["x"]}"#, Some("name"), 422),
+            (r#"{"name": 5, "shape": {"gpus": 1}, "command": ["x"]}"#, Some("name"), 422),
+            (r#"{"name": "a", "shape": {"gpus": "two"}, "command": ["x"]}"#, Some("shape.gpus"), 422),
+            (r#"{"name": "a", "shape": {"gpus": 1, "mig": "1g.10gb"}, "command": ["x"]}"#, Some("shape"), 422),
+            (r#"{"name": "a", "shape": {"mig": "9g.1gb"}, "command": ["x"]}"#, Some("shape.mig"), 422),
+            (r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "gpu": 1}"#, Some("gpu"), 422),
+            (r#"{"name": "a", "shape": {"gpus": 1}, "command": [1]}"#, Some("command[0]"), 422),
+            (r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "checkpoint": {}}"#, Some("checkpoint.uri"), 422),
+            (r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "replicas": -1}"#, Some("replicas"), 422),
+            (r#"{"name": "a""#, None, 400),
+            ("[1, 2]", Some("body"), 422),
+        ];
+        for (body, field, status) in cases {
+            let (f, s) = field_and_status(body);
+            assert_eq!((f.as_deref(), s), (field, status), "{body}");
+        }
+    }
+}

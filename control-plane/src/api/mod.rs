@@ -1,0 +1,152 @@
+//! The REST API: JSON under `/v1`, bearer tokens, `problem+json` errors, an OpenAPI document
+//! generated from these handlers at `/v1/openapi.json`.
+//!
+//! Who may do what (role × endpoint) is decided in each handler with [`extract::Auth::require`],
+//! next to the code it guards; `docs/api.md` has the whole matrix and the tests walk it.
+
+pub mod extract;
+pub mod problem;
+
+mod cluster;
+mod health;
+mod jobs;
+mod openapi;
+mod teams;
+mod tokens;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{delete, get, post};
+use axum::Router;
+use chrono::{DateTime, Utc};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+pub use openapi::ApiDoc;
+use problem::ApiError;
+
+use crate::clock::SharedClock;
+use crate::config::ServerConfig;
+use crate::metrics::{HttpLabels, Metrics};
+use crate::store::{Principal, Store};
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    clock: SharedClock,
+    metrics: Metrics,
+    ready: AtomicBool,
+    max_body_bytes: usize,
+    request_timeout: Duration,
+}
+
+impl AppState {
+    pub fn new(store: Store, clock: SharedClock, metrics: Metrics, server: &ServerConfig) -> Self {
+        AppState {
+            inner: Arc::new(Inner {
+                store,
+                clock,
+                metrics,
+                ready: AtomicBool::new(false),
+                max_body_bytes: server.max_body_bytes,
+                request_timeout: server.request_timeout,
+            }),
+        }
+    }
+
+    pub fn max_body_bytes(&self) -> usize {
+        self.inner.max_body_bytes
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
+        self.inner.clock.now()
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Marks the server ready (migrations applied) for `/readyz`.
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.ready.store(ready, Ordering::Release);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Acquire)
+    }
+
+    async fn authenticate(&self, secret: &str) -> Result<Option<Principal>, ApiError> {
+        Ok(self.inner.store.authenticate(secret, self.now()).await?)
+    }
+}
+
+/// The whole API.
+pub fn router(state: AppState) -> Router {
+    let request_timeout = state.inner.request_timeout;
+    let v1 = Router::new()
+        .route("/teams", post(teams::create_team).get(teams::list_teams))
+        .route("/teams/{team}", get(teams::get_team).patch(teams::update_team))
+        .route("/teams/{team}/tokens", post(tokens::create_team_token).get(tokens::list_team_tokens))
+        .route("/tokens", post(tokens::create_token).get(tokens::list_tokens))
+        .route("/tokens/{id}", delete(tokens::revoke_token))
+        .route("/jobs", post(jobs::submit_job).get(jobs::list_jobs))
+        .route("/jobs/{id}", get(jobs::get_job))
+        .route("/jobs/{id}/cancel", post(jobs::cancel_job))
+        .route("/jobs/{id}/events", get(jobs::job_events))
+        .route("/nodes", get(cluster::list_nodes))
+        .route("/offers", get(cluster::list_offers))
+        .route("/openapi.json", get(openapi::openapi_json));
+    let max_body = state.inner.max_body_bytes;
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .nest("/v1", v1)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), record_metrics))
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such endpoint; see /v1/openapi.json".into())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+async fn record_metrics(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method = req.method().to_string();
+    let resp = next.run(req).await;
+    state
+        .metrics()
+        .http_requests
+        .get_or_create(&HttpLabels { method, route, status: resp.status().as_u16() })
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}

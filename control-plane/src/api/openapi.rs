@@ -1,0 +1,47 @@
+//! The OpenAPI document, generated from the handlers' annotations.
+
+use axum::Json;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::problem::Problem;
+use super::{cluster, jobs, teams, tokens};
+use crate::model::{Gpu, Job, JobEvent, Node, Offer, Role, Team, Token};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "spotplane",
+        description = "Runs GPU work on the cheapest capacity across AWS, GCP and Azure without losing work to preemptions. \
+Authenticate with `Authorization: Bearer <token>`. Errors are `application/problem+json` naming the offending field.",
+        license(name = "Apache-2.0")
+    ),
+    paths(
+        teams::create_team, teams::list_teams, teams::get_team, teams::update_team,
+        tokens::create_team_token, tokens::list_team_tokens, tokens::create_token, tokens::list_tokens, tokens::revoke_token,
+        jobs::submit_job, jobs::list_jobs, jobs::get_job, jobs::cancel_job, jobs::job_events,
+        cluster::list_nodes, cluster::list_offers,
+    ),
+    components(schemas(Problem, Team, Token, Role, Job, JobEvent, Node, Gpu, Offer)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "teams", description = "Teams, their fair-share weights and quotas"),
+        (name = "tokens", description = "API tokens"),
+        (name = "jobs", description = "Submitting and following GPU jobs"),
+        (name = "cluster", description = "Nodes and the capacity on offer"),
+    )
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    }
+}
+
+pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

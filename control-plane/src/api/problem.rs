@@ -1,0 +1,152 @@
+//! Errors at the HTTP edge, as `application/problem+json` (RFC 9457).
+//!
+//! Every error a handler can return is an [`ApiError`]; this is the one place errors become
+//! status codes. Bodies name the offending field where there is one and never carry internal
+//! details: a database failure is logged here with its cause and answered with a plain 500.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use spotplane_core::{FieldError, FieldErrors};
+use utoipa::ToSchema;
+
+use crate::store::StoreError;
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Problem {
+    /// A URI naming the kind of problem, e.g. `urn:spotplane:problem:validation`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The first offending field, when the problem is about a field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// Every offending field with what is wrong with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+}
+
+/// Everything a handler can answer besides success.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("missing or invalid bearer token")]
+    Unauthenticated,
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// The request is well-formed but breaks rules; every broken rule is listed.
+    #[error("invalid request: {0}")]
+    Validation(FieldErrors),
+    /// The request cannot be read (malformed JSON, a bad query string).
+    #[error("{detail}")]
+    BadRequest { detail: String, field: Option<String> },
+    #[error("request body larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("expected a JSON body (Content-Type: application/json)")]
+    UnsupportedMediaType,
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("the server is not ready: {0}")]
+    Unavailable(String),
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut e = FieldErrors::new();
+        e.push(field, message);
+        ApiError::Validation(e)
+    }
+
+    pub fn forbidden() -> Self {
+        ApiError::Forbidden("this token's role may not do this".into())
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            ApiError::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
+            ApiError::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation", "Invalid request"),
+            ApiError::BadRequest { .. } => (StatusCode::BAD_REQUEST, "bad-request", "Malformed request"),
+            ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large"),
+            ApiError::UnsupportedMediaType => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type")
+            }
+            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal server error"),
+        }
+    }
+
+    pub fn to_problem(&self) -> Problem {
+        let (status, kind, title) = self.parts();
+        let (detail, errors) = match self {
+            ApiError::Validation(errs) => (Some(errs.to_string()), errs.clone().into_vec()),
+            ApiError::BadRequest { detail, field } => (
+                Some(detail.clone()),
+                field
+                    .iter()
+                    .map(|f| FieldError { field: f.clone(), message: detail.clone() })
+                    .collect(),
+            ),
+            ApiError::Internal(_) => (Some("the error was logged; retrying may help".into()), Vec::new()),
+            other => (Some(other.to_string()), Vec::new()),
+        };
+        Problem {
+            kind: format!("urn:spotplane:problem:{kind}"),
+            title: title.into(),
+            status: status.as_u16(),
+            detail,
+            field: errors.first().map(|e| e.field.clone()),
+            errors,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match &self {
+            ApiError::Internal(e) => tracing::error!(error = ?e, "request failed"),
+            ApiError::Unavailable(why) => tracing::warn!(%why, "request refused: not ready"),
+            _ => {}
+        }
+        let problem = self.to_problem();
+        let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut resp = (status, body).into_response();
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if matches!(self, ApiError::Unauthenticated) {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"spotplane\""));
+        }
+        resp
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(what) => ApiError::NotFound(format!("no {what}")),
+            StoreError::Conflict(why) => ApiError::Conflict(why),
+            other => ApiError::Internal(other.into()),
+        }
+    }
+}
+
+impl From<FieldErrors> for ApiError {
+    fn from(e: FieldErrors) -> Self {
+        ApiError::Validation(e)
+    }
+}

@@ -1,0 +1,129 @@
+//! The `spotplane` command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// spotplane: GPU work on the cheapest capacity across AWS, GCP and Azure, without losing work
+/// when a cloud takes a node back.
+#[derive(Debug, Parser)]
+#[command(name = "spotplane", version, about, long_about = None)]
+pub struct Cli {
+    /// Configuration file layered over the embedded default (config/spotplane.toml).
+    #[arg(long, short = 'c', global = true, env = "SPOTPLANE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the control plane: API, and the reconcilers once they are configured.
+    Serve,
+    /// Apply pending database migrations and exit.
+    Migrate,
+    /// Run everything on this machine: SQLite, a local-folder object store, simulated clouds.
+    Demo(DemoArgs),
+    /// Check the configuration and print it with every override applied.
+    Config,
+    /// Submit and follow jobs (a client of a running server).
+    #[command(subcommand)]
+    Job(JobCommand),
+    /// Load generators whose figures go into docs/benchmarks.md.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Folder for the demo's database, objects and admin token.
+    #[arg(long, default_value = "data/demo")]
+    pub data_dir: PathBuf,
+}
+
+/// Where the server is and who is calling.
+#[derive(Debug, Args, Clone)]
+pub struct ClientArgs {
+    /// Base URL of the spotplane API.
+    #[arg(long, env = "SPOTPLANE_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Bearer token.
+    #[arg(long, env = "SPOTPLANE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Submit a job described in a JSON or YAML file ("-" reads standard input).
+    Submit {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        /// Makes the submission safe to retry; by default derived from the file's content.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List jobs, newest first.
+    List {
+        /// Comma-separated states, e.g. queued,running.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this team's jobs (admin tokens).
+        #[arg(long)]
+        team: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one job.
+    Show {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Cancel a job.
+    Cancel {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a job's history.
+    Events {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Submit jobs as fast as the server takes them; report throughput and latency.
+    Submit {
+        /// An admin token: the bench creates its own team and team token with it.
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// How long to measure, after the warm-up.
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        warmup: Duration,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}

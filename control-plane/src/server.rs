@@ -1,0 +1,126 @@
+//! Starting and stopping the control-plane server.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, AppState};
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::store::{Bootstrap, Store};
+
+/// The shortest bootstrap admin token accepted: it is a password to the whole cluster.
+pub const MIN_BOOTSTRAP_TOKEN_LEN: usize = 16;
+
+/// What `serve` needs besides the configuration file.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// `SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN`: stored as an admin token if none exists yet.
+    pub bootstrap_admin_token: Option<String>,
+}
+
+/// A running server.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub state: AppState,
+    cancel: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    /// Connects and migrates the database, stores the bootstrap token, binds and starts serving.
+    pub async fn start(config: &Config, clock: SharedClock, opts: ServeOptions) -> anyhow::Result<Server> {
+        let metrics = Metrics::new();
+        let store = Store::connect(&config.database, metrics.clone()).await?;
+        store.migrate().await.context("applying database migrations")?;
+        if let Some(secret) = &opts.bootstrap_admin_token {
+            anyhow::ensure!(
+                secret.len() >= MIN_BOOTSTRAP_TOKEN_LEN && secret.chars().all(|c| c.is_ascii_graphic()),
+                "SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN must be at least {MIN_BOOTSTRAP_TOKEN_LEN} visible ASCII characters"
+            );
+            match store.bootstrap_admin(secret, clock.now()).await? {
+                Bootstrap::Created => tracing::info!("stored the bootstrap admin token"),
+                Bootstrap::AlreadyPresent => tracing::debug!("bootstrap admin token already stored"),
+                Bootstrap::Skipped => {
+                    tracing::info!("admin tokens exist; SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN was not added")
+                }
+            }
+        }
+        let state = AppState::new(store, clock, metrics, &config.server);
+        let listener = tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
+            .await
+            .with_context(|| format!("binding {}", config.server.listen))?;
+        let addr = listener.local_addr()?;
+        let cancel = CancellationToken::new();
+        let app = api::router(state.clone());
+        let shutdown = cancel.clone();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await
+        });
+        state.set_ready(true);
+        tracing::info!(%addr, "spotplane API listening");
+        Ok(Server { addr, state, cancel, task })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A token that stops the server when cancelled.
+    pub fn cancellation(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Stops accepting, lets requests in flight finish (for up to 30 s), and returns.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.cancel.cancel();
+        self.wait().await
+    }
+
+    /// Runs until the server stops (after its cancellation token is cancelled).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let drain = async {
+            self.cancel.cancelled().await;
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        };
+        tokio::select! {
+            r = self.task => r.context("server task")?.context("serving HTTP"),
+            () = drain => { tracing::warn!("requests still running 30 s after shutdown; exiting"); Ok(()) }
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down");
+}
