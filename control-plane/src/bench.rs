@@ -56,15 +56,28 @@ fn job_body(worker: usize, n: u64) -> Value {
 }
 
 /// Creates a team and a team token with the admin client, then measures.
-pub async fn submit(admin: &Client, concurrency: usize, warmup: Duration, duration: Duration) -> anyhow::Result<SubmitReport> {
+pub async fn submit(
+    admin: &Client,
+    concurrency: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<SubmitReport> {
     let suffix: u32 = rand::random();
     let team = format!("bench-{suffix:08x}");
     admin
         .post("/v1/teams", &json!({"name": team}))
         .await
         .context("creating the bench team (is the token an admin token?)")?;
-    let created = admin.post(&format!("/v1/teams/{team}/tokens"), &json!({"name": "bench"})).await?;
-    let token = created["token"].as_str().context("token missing in response")?.to_owned();
+    let created = admin
+        .post(
+            &format!("/v1/teams/{team}/tokens"),
+            &json!({"name": "bench"}),
+        )
+        .await?;
+    let token = created["token"]
+        .as_str()
+        .context("token missing in response")?
+        .to_owned();
     let client = admin.with_token(token);
 
     let measuring = Arc::new(AtomicBool::new(false));
@@ -84,7 +97,12 @@ pub async fn submit(admin: &Client, concurrency: usize, warmup: Duration, durati
                 let body = job_body(w, n);
                 let started = Instant::now();
                 let r = client
-                    .call::<Value>(Method::POST, "/v1/jobs", Some(&body), &[("idempotency-key", key.as_str())])
+                    .call::<Value>(
+                        Method::POST,
+                        "/v1/jobs",
+                        Some(&body),
+                        &[("idempotency-key", key.as_str())],
+                    )
                     .await;
                 let took = started.elapsed();
                 if measuring.load(Ordering::Relaxed) {

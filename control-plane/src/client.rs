@@ -14,7 +14,10 @@ use crate::api::problem::Problem;
 pub enum ClientError {
     /// The server answered with a problem document.
     #[error("{status}: {}{}", problem.detail.as_deref().unwrap_or(&problem.title), problem.field.as_ref().map(|f| format!(" (field: {f})")).unwrap_or_default())]
-    Api { status: StatusCode, problem: Box<Problem> },
+    Api {
+        status: StatusCode,
+        problem: Box<Problem>,
+    },
     #[error("cannot reach {url}: {source}")]
     Transport { url: String, source: reqwest::Error },
     #[error("unexpected answer from the server ({status}): {body}")]
@@ -34,12 +37,23 @@ impl Client {
             .timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(256)
             .build()
-            .map_err(|e| ClientError::Transport { url: base_url.to_owned(), source: e })?;
-        Ok(Client { http, base: base_url.trim_end_matches('/').to_owned(), token })
+            .map_err(|e| ClientError::Transport {
+                url: base_url.to_owned(),
+                source: e,
+            })?;
+        Ok(Client {
+            http,
+            base: base_url.trim_end_matches('/').to_owned(),
+            token,
+        })
     }
 
     pub fn with_token(&self, token: impl Into<String>) -> Client {
-        Client { http: self.http.clone(), base: self.base.clone(), token: Some(token.into()) }
+        Client {
+            http: self.http.clone(),
+            base: self.base.clone(),
+            token: Some(token.into()),
+        }
     }
 
     /// Sends a request and decodes a success body, or returns the problem.
@@ -61,18 +75,33 @@ impl Client {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req.send().await.map_err(|e| ClientError::Transport { url: url.clone(), source: e })?;
+        let resp = req.send().await.map_err(|e| ClientError::Transport {
+            url: url.clone(),
+            source: e,
+        })?;
         let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| ClientError::Transport { url, source: e })?;
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Transport { url, source: e })?;
         if status.is_success() {
-            let body = if bytes.is_empty() { b"null".as_slice() } else { &bytes };
-            serde_json::from_slice(body).map(|v| (status, v)).map_err(|_| ClientError::Unexpected {
-                status,
-                body: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
-            })
+            let body = if bytes.is_empty() {
+                b"null".as_slice()
+            } else {
+                &bytes
+            };
+            serde_json::from_slice(body)
+                .map(|v| (status, v))
+                .map_err(|_| ClientError::Unexpected {
+                    status,
+                    body: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
+                })
         } else {
             match serde_json::from_slice::<Problem>(&bytes) {
-                Ok(problem) => Err(ClientError::Api { status, problem: Box::new(problem) }),
+                Ok(problem) => Err(ClientError::Api {
+                    status,
+                    problem: Box::new(problem),
+                }),
                 Err(_) => Err(ClientError::Unexpected {
                     status,
                     body: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
@@ -82,10 +111,14 @@ impl Client {
     }
 
     pub async fn get(&self, path: &str) -> Result<Value, ClientError> {
-        self.call::<Value>(Method::GET, path, None::<&Value>, &[]).await.map(|(_, v)| v)
+        self.call::<Value>(Method::GET, path, None::<&Value>, &[])
+            .await
+            .map(|(_, v)| v)
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value, ClientError> {
-        self.call::<Value>(Method::POST, path, Some(body), &[]).await.map(|(_, v)| v)
+        self.call::<Value>(Method::POST, path, Some(body), &[])
+            .await
+            .map(|(_, v)| v)
     }
 }

@@ -191,12 +191,13 @@ impl Config {
             errs.push("database.max_connections", "must be between 1 and 1000");
         }
         if let Some(s) = &self.database.schema
-            && (s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) {
-                errs.push(
-                    "database.schema",
-                    "must be a plain identifier (letters, digits, '_')",
-                );
-            }
+            && (s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            errs.push(
+                "database.schema",
+                "must be a plain identifier (letters, digits, '_')",
+            );
+        }
         match self.object_store.url.split_once("://") {
             Some(("file" | "s3" | "gs" | "az" | "azure" | "abfs", rest)) if !rest.is_empty() => {}
             Some(("http", _)) if self.dev.insecure => {}

@@ -55,8 +55,13 @@ impl OwnerOnly for std::fs::OpenOptions {
     }
 }
 
-pub async fn run(mut config: Config, args: DemoArgs, bootstrap: Option<String>) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
+pub async fn run(
+    mut config: Config,
+    args: DemoArgs,
+    bootstrap: Option<String>,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
     config.server.listen = args.listen.clone();
     config.database.url = format!("sqlite://{}", data_dir.join("spotplane.sqlite").display());
@@ -67,14 +72,23 @@ pub async fn run(mut config: Config, args: DemoArgs, bootstrap: Option<String>) 
         anyhow::bail!("invalid demo configuration: {errs}");
     }
     let (token, token_path) = admin_token(&data_dir, bootstrap)?;
-    let server = Server::start(&config, std::sync::Arc::new(SystemClock), ServeOptions { bootstrap_admin_token: Some(token.clone()) })
-        .await?;
+    let server = Server::start(
+        &config,
+        std::sync::Arc::new(SystemClock),
+        ServeOptions {
+            bootstrap_admin_token: Some(token.clone()),
+        },
+    )
+    .await?;
     let url = server.url();
     println!("spotplane demo is running");
     println!("  API          {url}   (OpenAPI: {url}/v1/openapi.json)");
     println!("  admin token  {token}");
     println!("               (kept in {})", token_path.display());
-    println!("  database     {}", data_dir.join("spotplane.sqlite").display());
+    println!(
+        "  database     {}",
+        data_dir.join("spotplane.sqlite").display()
+    );
     println!("  objects      {}", data_dir.join("objects").display());
     println!();
     println!("  try:  curl -s -H \"Authorization: Bearer {token}\" {url}/v1/teams");

@@ -4,15 +4,15 @@
 //! `spotplane-core` holds the vocabulary; this crate holds the store, the API, the CLI and,
 //! in later layers, the reconcilers around the pure scheduling, planning and recovery cores.
 
-pub mod clock;
-pub mod config;
-pub mod metrics;
-pub mod model;
-pub mod store;
 pub mod api;
 pub mod bench;
 pub mod cli;
 pub mod client;
+pub mod clock;
+pub mod config;
 pub mod demo;
+pub mod metrics;
+pub mod model;
 pub mod server;
+pub mod store;
 pub mod telemetry;

@@ -20,7 +20,10 @@ use spotplane::{bench, demo, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -45,7 +48,9 @@ fn main() -> ExitCode {
 }
 
 fn bootstrap_token() -> Option<String> {
-    std::env::var("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN").ok().filter(|t| !t.is_empty())
+    std::env::var("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -56,7 +61,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let server = Server::start(
                 &config,
                 Arc::new(SystemClock),
-                ServeOptions { bootstrap_admin_token: bootstrap_token() },
+                ServeOptions {
+                    bootstrap_admin_token: bootstrap_token(),
+                },
             )
             .await?;
             let cancel = server.cancellation();
@@ -92,7 +99,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Job(cmd) => job(cmd).await,
-        Command::Bench(BenchCommand::Submit { client, concurrency, duration, warmup, json }) => {
+        Command::Bench(BenchCommand::Submit {
+            client,
+            concurrency,
+            duration,
+            warmup,
+            json,
+        }) => {
             let admin = client_of(&client)?;
             let report = bench::submit(&admin, concurrency, warmup, duration).await?;
             if json {
@@ -100,8 +113,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 println!(
                     "{} submissions in {:.1} s with {} in flight: {:.0}/s, p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} errors",
-                    report.submitted, report.seconds, report.concurrency, report.per_second,
-                    report.p50_ms, report.p90_ms, report.p99_ms, report.max_ms, report.errors
+                    report.submitted,
+                    report.seconds,
+                    report.concurrency,
+                    report.per_second,
+                    report.p50_ms,
+                    report.p90_ms,
+                    report.p99_ms,
+                    report.max_ms,
+                    report.errors
                 );
             }
             Ok(())
@@ -130,10 +150,16 @@ fn read_job_file(path: &std::path::Path) -> anyhow::Result<(Value, Vec<u8>)> {
     } else {
         raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     }
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default().to_ascii_lowercase();
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
     let value: Value = match ext.as_str() {
-        "json" => serde_json::from_slice(&raw).with_context(|| format!("{} is not valid JSON", path.display()))?,
-        "yaml" | "yml" => serde_yaml_ng::from_slice(&raw).with_context(|| format!("{} is not valid YAML", path.display()))?,
+        "json" => serde_json::from_slice(&raw)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?,
+        "yaml" | "yml" => serde_yaml_ng::from_slice(&raw)
+            .with_context(|| format!("{} is not valid YAML", path.display()))?,
         _ => match serde_json::from_slice(&raw) {
             Ok(v) => v,
             Err(_) => serde_yaml_ng::from_slice(&raw)
@@ -145,19 +171,35 @@ fn read_job_file(path: &std::path::Path) -> anyhow::Result<(Value, Vec<u8>)> {
 
 async fn job(cmd: JobCommand) -> anyhow::Result<()> {
     match cmd {
-        JobCommand::Submit { file, idempotency_key, client } => {
+        JobCommand::Submit {
+            file,
+            idempotency_key,
+            client,
+        } => {
             let c = client_of(&client)?;
             let (body, raw) = read_job_file(&file)?;
-            let key = idempotency_key.unwrap_or_else(|| format!("cli-{}", hex::encode(&Sha256::digest(&raw)[..16])));
+            let key = idempotency_key
+                .unwrap_or_else(|| format!("cli-{}", hex::encode(&Sha256::digest(&raw)[..16])));
             let (status, job) = c
-                .call::<Value>(Method::POST, "/v1/jobs", Some(&body), &[("idempotency-key", key.as_str())])
+                .call::<Value>(
+                    Method::POST,
+                    "/v1/jobs",
+                    Some(&body),
+                    &[("idempotency-key", key.as_str())],
+                )
                 .await?;
             if status == reqwest::StatusCode::OK {
                 eprintln!("(already submitted with this content; showing the existing job)");
             }
             println!("{}", serde_json::to_string_pretty(&job)?);
         }
-        JobCommand::List { state, team, limit, json, client } => {
+        JobCommand::List {
+            state,
+            team,
+            limit,
+            json,
+            client,
+        } => {
             let c = client_of(&client)?;
             let mut query = vec![format!("limit={limit}")];
             if let Some(s) = state {
@@ -175,13 +217,20 @@ async fn job(cmd: JobCommand) -> anyhow::Result<()> {
         }
         JobCommand::Show { id, client } => {
             let c = client_of(&client)?;
-            println!("{}", serde_json::to_string_pretty(&c.get(&format!("/v1/jobs/{id}")).await?)?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&c.get(&format!("/v1/jobs/{id}")).await?)?
+            );
         }
         JobCommand::Cancel { id, reason, client } => {
             let c = client_of(&client)?;
             let body = serde_json::json!({ "reason": reason });
             let job = c.post(&format!("/v1/jobs/{id}/cancel"), &body).await?;
-            println!("{} {}", job["id"].as_str().unwrap_or(&id), job["state"].as_str().unwrap_or("?"));
+            println!(
+                "{} {}",
+                job["id"].as_str().unwrap_or(&id),
+                job["state"].as_str().unwrap_or("?")
+            );
         }
         JobCommand::Events { id, client } => {
             let c = client_of(&client)?;
@@ -212,7 +261,10 @@ fn shape_text(shape: &Value) -> String {
 }
 
 fn print_jobs(page: &Value) {
-    println!("{:<36}  {:<14} {:<20} {:<12} {:<10} {:>8}  SHAPE", "ID", "TEAM", "NAME", "STATE", "PRIORITY", "REPLICAS");
+    println!(
+        "{:<36}  {:<14} {:<20} {:<12} {:<10} {:>8}  SHAPE",
+        "ID", "TEAM", "NAME", "STATE", "PRIORITY", "REPLICAS"
+    );
     for j in page["items"].as_array().into_iter().flatten() {
         println!(
             "{:<36}  {:<14} {:<20} {:<12} {:<10} {:>8}  {}",

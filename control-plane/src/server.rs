@@ -33,27 +33,40 @@ pub struct Server {
 
 impl Server {
     /// Connects and migrates the database, stores the bootstrap token, binds and starts serving.
-    pub async fn start(config: &Config, clock: SharedClock, opts: ServeOptions) -> anyhow::Result<Server> {
+    pub async fn start(
+        config: &Config,
+        clock: SharedClock,
+        opts: ServeOptions,
+    ) -> anyhow::Result<Server> {
         let metrics = Metrics::new();
         let store = Store::connect(&config.database, metrics.clone()).await?;
-        store.migrate().await.context("applying database migrations")?;
+        store
+            .migrate()
+            .await
+            .context("applying database migrations")?;
         if let Some(secret) = &opts.bootstrap_admin_token {
             anyhow::ensure!(
-                secret.len() >= MIN_BOOTSTRAP_TOKEN_LEN && secret.chars().all(|c| c.is_ascii_graphic()),
+                secret.len() >= MIN_BOOTSTRAP_TOKEN_LEN
+                    && secret.chars().all(|c| c.is_ascii_graphic()),
                 "SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN must be at least {MIN_BOOTSTRAP_TOKEN_LEN} visible ASCII characters"
             );
             match store.bootstrap_admin(secret, clock.now()).await? {
                 Bootstrap::Created => tracing::info!("stored the bootstrap admin token"),
-                Bootstrap::AlreadyPresent => tracing::debug!("bootstrap admin token already stored"),
+                Bootstrap::AlreadyPresent => {
+                    tracing::debug!("bootstrap admin token already stored")
+                }
                 Bootstrap::Skipped => {
-                    tracing::info!("admin tokens exist; SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN was not added")
+                    tracing::info!(
+                        "admin tokens exist; SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN was not added"
+                    )
                 }
             }
         }
         let state = AppState::new(store, clock, metrics, &config.server);
-        let listener = tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
-            .await
-            .with_context(|| format!("binding {}", config.server.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
+                .await
+                .with_context(|| format!("binding {}", config.server.listen))?;
         let addr = listener.local_addr()?;
         let cancel = CancellationToken::new();
         let app = api::router(state.clone());
@@ -65,7 +78,12 @@ impl Server {
         });
         state.set_ready(true);
         tracing::info!(%addr, "spotplane API listening");
-        Ok(Server { addr, state, cancel, task })
+        Ok(Server {
+            addr,
+            state,
+            cancel,
+            task,
+        })
     }
 
     pub fn url(&self) -> String {

@@ -192,9 +192,6 @@ fn default_memory() -> u64 {
 fn default_true() -> bool {
     true
 }
-fn is_true(b: &bool) -> bool {
-    *b
-}
 
 /// What a team submits. Only `name`, `shape` and `command` are required.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -241,7 +238,7 @@ pub struct JobSpec {
     #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, example = 12.5))]
     pub max_hourly_usd: Option<Micros>,
     /// Whether spot capacity may be used (default true).
-    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    #[serde(default = "default_true")]
     pub spot: bool,
     /// Clouds the job may run on; any when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -354,12 +351,12 @@ impl JobSpec {
             && (image.trim().is_empty()
                 || image.len() > 512
                 || image.chars().any(char::is_whitespace))
-            {
-                errs.push(
-                    "image",
-                    "must be a non-empty image reference without spaces, at most 512 characters",
-                );
-            }
+        {
+            errs.push(
+                "image",
+                "must be a non-empty image reference without spaces, at most 512 characters",
+            );
+        }
         for (k, v) in &self.env {
             let valid_name = !k.is_empty()
                 && !k.starts_with(|c: char| c.is_ascii_digit())
@@ -400,16 +397,18 @@ impl JobSpec {
             }
         }
         if let Some(d) = self.deadline
-            && d <= now {
-                errs.push(
-                    "deadline",
-                    format!("must lie in the future, got {}", d.to_rfc3339()),
-                );
-            }
+            && d <= now
+        {
+            errs.push(
+                "deadline",
+                format!("must lie in the future, got {}", d.to_rfc3339()),
+            );
+        }
         if let Some(p) = self.max_hourly_usd
-            && (p.0 <= 0 || p > Micros::from_dollars(100_000)) {
-                errs.push("max_hourly_usd", "must be more than 0 and at most 100000");
-            }
+            && (p.0 <= 0 || p > Micros::from_dollars(100_000))
+        {
+            errs.push("max_hourly_usd", "must be more than 0 and at most 100000");
+        }
         let mut seen = Vec::new();
         for (i, c) in self.clouds.iter().enumerate() {
             if seen.contains(c) {

@@ -90,20 +90,23 @@ pub fn validate_team_settings(
 ) -> FieldErrors {
     let mut errs = FieldErrors::new();
     if let Some(n) = name
-        && let Err(m) = check_name(n) {
-            errs.push("name", m);
-        }
+        && let Err(m) = check_name(n)
+    {
+        errs.push("name", m);
+    }
     if let Some(w) = weight
-        && (!w.is_finite() || w <= 0.0 || w > 1000.0) {
-            errs.push(
-                "weight",
-                format!("must be more than 0 and at most 1000, got {w}"),
-            );
-        }
+        && (!w.is_finite() || w <= 0.0 || w > 1000.0)
+    {
+        errs.push(
+            "weight",
+            format!("must be more than 0 and at most 1000, got {w}"),
+        );
+    }
     if let Some(c) = cohort
-        && let Err(m) = check_name(c) {
-            errs.push("cohort", m);
-        }
+        && let Err(m) = check_name(c)
+    {
+        errs.push("cohort", m);
+    }
     if let Some(q) = quotas {
         for (res, quota) in q {
             let path = format!("quotas.{res}");
@@ -114,12 +117,13 @@ pub fn validate_team_settings(
                 );
             }
             if let Some(l) = quota.lending_limit
-                && l > quota.nominal {
-                    errs.push(
-                        format!("{path}.lending_limit"),
-                        "cannot lend more than the nominal quota",
-                    );
-                }
+                && l > quota.nominal
+            {
+                errs.push(
+                    format!("{path}.lending_limit"),
+                    "cannot lend more than the nominal quota",
+                );
+            }
             if quota.borrowing_limit.is_some_and(|b| b > MAX_QUOTA) {
                 errs.push(
                     format!("{path}.borrowing_limit"),

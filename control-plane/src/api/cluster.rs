@@ -29,17 +29,35 @@ pub async fn list_nodes(
 ) -> Result<Json<Page<Node>>, ApiError> {
     auth.require(&[Role::Admin, Role::Finance])?;
     let mut states = Vec::new();
-    for s in q.state.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
-        states.push(s.parse::<NodeState>().map_err(|m| ApiError::field("state", m))?);
+    for s in q
+        .state
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        states.push(
+            s.parse::<NodeState>()
+                .map_err(|m| ApiError::field("state", m))?,
+        );
     }
     let items = state.store().list_nodes(&states).await?;
-    Ok(Json(Page { items, next_cursor: None }))
+    Ok(Json(Page {
+        items,
+        next_cursor: None,
+    }))
 }
 
 #[utoipa::path(get, path = "/v1/offers", tag = "cluster",
     responses((status = 200, body = Page<Offer>)), security(("bearer" = [])))]
-pub async fn list_offers(State(state): State<AppState>, auth: Auth) -> Result<Json<Page<Offer>>, ApiError> {
+pub async fn list_offers(
+    State(state): State<AppState>,
+    auth: Auth,
+) -> Result<Json<Page<Offer>>, ApiError> {
     auth.require(&[Role::Admin, Role::Finance])?;
     let items = state.store().list_offers().await?;
-    Ok(Json(Page { items, next_cursor: None }))
+    Ok(Json(Page {
+        items,
+        next_cursor: None,
+    }))
 }

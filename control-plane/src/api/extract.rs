@@ -12,11 +12,19 @@ use super::problem::ApiError;
 use crate::model::Role;
 use crate::store::Principal;
 
-/// A JSON body, parsed with the path of the first offending field in errors.
+/// A JSON request body, read but not yet parsed: handlers check the caller's role first and
+/// then [`JsonBody::parse`] it, so a caller without the role gets 403 whatever it sent.
 #[derive(Debug, Clone)]
-pub struct ApiJson<T>(pub T);
+pub struct JsonBody(Bytes);
 
-impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+impl JsonBody {
+    /// Parses the body, naming the first offending field in errors.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        parse_json(&self.0)
+    }
+}
+
+impl FromRequest<AppState> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
@@ -27,35 +35,56 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             .and_then(|v| v.split(';').next())
             .map(|mime| {
                 let mime = mime.trim().to_ascii_lowercase();
-                mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+                mime == "application/json"
+                    || (mime.starts_with("application/") && mime.ends_with("+json"))
             })
             .unwrap_or(false);
         if !is_json {
             return Err(ApiError::UnsupportedMediaType);
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|rej| match rej {
-            BytesRejection::FailedToBufferBody(_) if rej.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
-                ApiError::PayloadTooLarge { limit: state.max_body_bytes() }
-            }
-            other => ApiError::BadRequest { detail: other.body_text(), field: None },
-        })?;
-        parse_json(&bytes).map(ApiJson)
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|rej| match rej {
+                BytesRejection::FailedToBufferBody(_)
+                    if rej.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE =>
+                {
+                    ApiError::PayloadTooLarge {
+                        limit: state.max_body_bytes(),
+                    }
+                }
+                other => ApiError::BadRequest {
+                    detail: other.body_text(),
+                    field: None,
+                },
+            })?;
+        Ok(JsonBody(bytes))
     }
 }
 
-/// Parses JSON, turning serde's error into a problem that names the field.
+/// Parses a JSON object (every request body of this API is one), turning serde's error into a
+/// problem that names the field.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        None => {
+            return Err(ApiError::BadRequest {
+                detail: "the request body is empty; expected a JSON object".into(),
+                field: None,
+            });
+        }
+        Some(_) => return Err(ApiError::field("body", "expected a JSON object")),
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();
         match inner.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof | serde_json::error::Category::Io => {
-                ApiError::BadRequest {
-                    detail: format!("malformed JSON: {inner}"),
-                    field: None,
-                }
-            }
+            serde_json::error::Category::Syntax
+            | serde_json::error::Category::Eof
+            | serde_json::error::Category::Io => ApiError::BadRequest {
+                detail: format!("malformed JSON: {inner}"),
+                field: None,
+            },
             serde_json::error::Category::Data => {
                 let message = strip_position(&inner.to_string());
                 let field = field_of(&path, &message);
@@ -107,13 +136,24 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiQuer
             .map(|Query(q)| ApiQuery(q))
             .map_err(|rej: QueryRejection| {
                 let text = rej.body_text();
-                let detail = text.strip_prefix("Failed to deserialize query string: ").unwrap_or(&text).to_owned();
-                let field = detail
-                    .strip_prefix("unknown field `")
-                    .and_then(|r| r.split('`').next())
-                    .map(|f| format!("query.{f}"))
-                    .unwrap_or_else(|| "query".to_owned());
-                ApiError::BadRequest { detail, field: Some(field) }
+                let detail = text
+                    .strip_prefix("Failed to deserialize query string: ")
+                    .unwrap_or(&text)
+                    .to_owned();
+                // serde_urlencoded (through serde_path_to_error) says "<field>: <what>".
+                let field = match detail.split_once(": ") {
+                    Some((name, _))
+                        if !name.is_empty()
+                            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+                    {
+                        format!("query.{name}")
+                    }
+                    _ => "query".to_owned(),
+                };
+                ApiError::BadRequest {
+                    detail,
+                    field: Some(field),
+                }
             })
     }
 }
@@ -125,7 +165,11 @@ pub struct Auth(pub Principal);
 impl Auth {
     /// Passes when the caller has one of `roles`.
     pub fn require(&self, roles: &[Role]) -> Result<&Principal, ApiError> {
-        if roles.contains(&self.0.role) { Ok(&self.0) } else { Err(ApiError::forbidden()) }
+        if roles.contains(&self.0.role) {
+            Ok(&self.0)
+        } else {
+            Err(ApiError::forbidden())
+        }
     }
 
     pub fn is_admin(&self) -> bool {
@@ -136,14 +180,18 @@ impl Auth {
 impl FromRequestParts<AppState> for Auth {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let header = parts
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .ok_or(ApiError::Unauthenticated)?;
         let (scheme, secret) = header.split_once(' ').ok_or(ApiError::Unauthenticated)?;
-        if !scheme.eq_ignore_ascii_case("bearer") || secret.trim().is_empty() || secret.len() > 512 {
+        if !scheme.eq_ignore_ascii_case("bearer") || secret.trim().is_empty() || secret.len() > 512
+        {
             return Err(ApiError::Unauthenticated);
         }
         let principal = state
@@ -172,16 +220,56 @@ mod tests {
     #[test]
     fn errors_name_the_offending_field() {
         let cases = [
-            (r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"]}"#, None, 200),
-            (r#"{"shape": {"gpus": 1}, "command": ["x"]}"#, Some("name"), 422),
-            (r#"{"name": 5, "shape": {"gpus": 1}, "command": ["x"]}"#, Some("name"), 422),
-            (r#"{"name": "a", "shape": {"gpus": "two"}, "command": ["x"]}"#, Some("shape.gpus"), 422),
-            (r#"{"name": "a", "shape": {"gpus": 1, "mig": "1g.10gb"}, "command": ["x"]}"#, Some("shape"), 422),
-            (r#"{"name": "a", "shape": {"mig": "9g.1gb"}, "command": ["x"]}"#, Some("shape.mig"), 422),
-            (r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "gpu": 1}"#, Some("gpu"), 422),
-            (r#"{"name": "a", "shape": {"gpus": 1}, "command": [1]}"#, Some("command[0]"), 422),
-            (r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "checkpoint": {}}"#, Some("checkpoint.uri"), 422),
-            (r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "replicas": -1}"#, Some("replicas"), 422),
+            (
+                r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"]}"#,
+                None,
+                200,
+            ),
+            (
+                r#"{"shape": {"gpus": 1}, "command": ["x"]}"#,
+                Some("name"),
+                422,
+            ),
+            (
+                r#"{"name": 5, "shape": {"gpus": 1}, "command": ["x"]}"#,
+                Some("name"),
+                422,
+            ),
+            (
+                r#"{"name": "a", "shape": {"gpus": "two"}, "command": ["x"]}"#,
+                Some("shape.gpus"),
+                422,
+            ),
+            (
+                r#"{"name": "a", "shape": {"gpus": 1, "mig": "1g.10gb"}, "command": ["x"]}"#,
+                Some("shape"),
+                422,
+            ),
+            (
+                r#"{"name": "a", "shape": {"mig": "9g.1gb"}, "command": ["x"]}"#,
+                Some("shape.mig"),
+                422,
+            ),
+            (
+                r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "gpu": 1}"#,
+                Some("gpu"),
+                422,
+            ),
+            (
+                r#"{"name": "a", "shape": {"gpus": 1}, "command": [1]}"#,
+                Some("command[0]"),
+                422,
+            ),
+            (
+                r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "checkpoint": {}}"#,
+                Some("checkpoint.uri"),
+                422,
+            ),
+            (
+                r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "replicas": -1}"#,
+                Some("replicas"),
+                422,
+            ),
             (r#"{"name": "a""#, None, 400),
             ("[1, 2]", Some("body"), 422),
         ];

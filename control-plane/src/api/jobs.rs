@@ -15,7 +15,7 @@ use spotplane_core::{JobId, JobState};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
-use super::extract::{ApiJson, ApiQuery, Auth};
+use super::extract::{ApiQuery, Auth, JsonBody};
 use super::problem::{ApiError, Problem};
 use crate::model::{Job, JobEvent, Page, Role};
 use crate::store::{JobFilter, NewJob, Principal, SubmitOutcome, new_uuid};
@@ -35,7 +35,8 @@ fn scope(p: &Principal) -> Option<&str> {
 }
 
 fn parse_job_id(id: &str) -> Result<JobId, ApiError> {
-    id.parse().map_err(|_| ApiError::NotFound(format!("no job {id}")))
+    id.parse()
+        .map_err(|_| ApiError::NotFound(format!("no job {id}")))
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -65,16 +66,19 @@ pub async fn submit_job(
     State(state): State<AppState>,
     auth: Auth,
     headers: HeaderMap,
-    ApiJson(mut spec): ApiJson<JobSpec>,
+    body: JsonBody,
 ) -> Result<Response, ApiError> {
     let p = auth.require(&[Role::Admin, Role::Team])?;
+    let mut spec: JobSpec = body.parse()?;
     let key = idempotency_key(&headers)?;
     let now = state.now();
     let (team_id, team) = match (&p.team, spec.team.take()) {
         (Some((id, own)), None) => (id.clone(), own.clone()),
         (Some((id, own)), Some(named)) if &named == own => (id.clone(), own.clone()),
         (Some(_), Some(named)) => {
-            return Err(ApiError::Forbidden(format!("this token submits for its own team only, not {named}")));
+            return Err(ApiError::Forbidden(format!(
+                "this token submits for its own team only, not {named}"
+            )));
         }
         (None, Some(named)) => match state.store().get_team(named.as_str()).await {
             Ok(t) => (t.id, t.name),
@@ -83,25 +87,45 @@ pub async fn submit_job(
             }
             Err(e) => return Err(e.into()),
         },
-        (None, None) => return Err(ApiError::field("team", "admin tokens must name the team the job belongs to")),
+        (None, None) => {
+            return Err(ApiError::field(
+                "team",
+                "admin tokens must name the team the job belongs to",
+            ));
+        }
     };
     spec.validate(now).into_result()?;
     let idempotency = key.map(|k| {
         let mut canonical = spec.clone();
         canonical.team = Some(team.clone());
-        let hash = hex::encode(Sha256::digest(serde_json::to_vec(&canonical).unwrap_or_default()));
+        let hash = hex::encode(Sha256::digest(
+            serde_json::to_vec(&canonical).unwrap_or_default(),
+        ));
         (k, hash)
     });
-    let new = NewJob { id: JobId(new_uuid(now)), team_id, team, spec, idempotency };
+    let new = NewJob {
+        id: JobId(new_uuid(now)),
+        team_id,
+        team,
+        spec,
+        idempotency,
+    };
     match state.store().submit_job(new, now).await? {
         SubmitOutcome::Created(job) => {
             let location = format!("/v1/jobs/{}", job.id);
-            Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(job)).into_response())
+            Ok((
+                StatusCode::CREATED,
+                [(header::LOCATION, location)],
+                Json(job),
+            )
+                .into_response())
         }
         SubmitOutcome::Replayed(job) => {
             let mut resp = (StatusCode::OK, Json(job)).into_response();
-            resp.headers_mut()
-                .insert(HeaderName::from_static(IDEMPOTENT_REPLAYED), HeaderValue::from_static("true"));
+            resp.headers_mut().insert(
+                HeaderName::from_static(IDEMPOTENT_REPLAYED),
+                HeaderValue::from_static("true"),
+            );
             Ok(resp)
         }
         SubmitOutcome::KeyReused { existing } => Err(ApiError::field(
@@ -137,7 +161,13 @@ pub async fn list_jobs(
     let p = auth.require(&[Role::Admin, Role::Team])?;
     let mut errs = spotplane_core::FieldErrors::new();
     let mut states = Vec::new();
-    for s in q.state.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
+    for s in q
+        .state
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
         match s.parse::<JobState>() {
             Ok(st) => states.push(st),
             Err(m) => errs.push("state", m),
@@ -161,14 +191,23 @@ pub async fn list_jobs(
         (None, Some(name)) => Some(state.store().get_team(&name).await?.id),
         (None, None) => None,
     };
-    let filter = JobFilter { team_id, states, before, limit };
+    let filter = JobFilter {
+        team_id,
+        states,
+        before,
+        limit,
+    };
     Ok(Json(state.store().list_jobs(&filter).await?))
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs",
     params(("id" = String, Path, description = "Job id")),
     responses((status = 200, body = Job), (status = 404, body = Problem)), security(("bearer" = [])))]
-pub async fn get_job(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Job>, ApiError> {
+pub async fn get_job(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Job>, ApiError> {
     let p = auth.require(&[Role::Admin, Role::Team])?;
     let id = parse_job_id(&id)?;
     Ok(Json(state.store().get_job(id, scope(p)).await?))
@@ -211,10 +250,19 @@ pub async fn cancel_job(
     if req.reason.as_ref().is_some_and(|r| r.len() > 1024) {
         return Err(ApiError::field("reason", "must be at most 1024 characters"));
     }
-    let reason = req.reason.unwrap_or_else(|| format!("cancelled by {} token {}", p.role.as_str(), p.token_id));
+    let reason = req
+        .reason
+        .unwrap_or_else(|| format!("cancelled by {} token {}", p.role.as_str(), p.token_id));
     let job = state
         .store()
-        .transition_job(id, scope(p), None, JobState::Cancelled, Some(reason), state.now())
+        .transition_job(
+            id,
+            scope(p),
+            None,
+            JobState::Cancelled,
+            Some(reason),
+            state.now(),
+        )
         .await?;
     Ok(Json(job))
 }
@@ -243,7 +291,15 @@ pub async fn job_events(
     let id = parse_job_id(&id)?;
     let limit = q.limit.unwrap_or(MAX_LIMIT);
     if limit == 0 || limit > MAX_LIMIT {
-        return Err(ApiError::field("limit", format!("must be between 1 and {MAX_LIMIT}")));
+        return Err(ApiError::field(
+            "limit",
+            format!("must be between 1 and {MAX_LIMIT}"),
+        ));
     }
-    Ok(Json(state.store().job_events(id, scope(p), q.cursor, limit).await?))
+    Ok(Json(
+        state
+            .store()
+            .job_events(id, scope(p), q.cursor, limit)
+            .await?,
+    ))
 }

@@ -18,12 +18,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
-use axum::Router;
 use chrono::{DateTime, Utc};
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
@@ -100,9 +100,18 @@ pub fn router(state: AppState) -> Router {
     let request_timeout = state.inner.request_timeout;
     let v1 = Router::new()
         .route("/teams", post(teams::create_team).get(teams::list_teams))
-        .route("/teams/{team}", get(teams::get_team).patch(teams::update_team))
-        .route("/teams/{team}/tokens", post(tokens::create_team_token).get(tokens::list_team_tokens))
-        .route("/tokens", post(tokens::create_token).get(tokens::list_tokens))
+        .route(
+            "/teams/{team}",
+            get(teams::get_team).patch(teams::update_team),
+        )
+        .route(
+            "/teams/{team}/tokens",
+            post(tokens::create_team_token).get(tokens::list_team_tokens),
+        )
+        .route(
+            "/tokens",
+            post(tokens::create_token).get(tokens::list_tokens),
+        )
         .route("/tokens/{id}", delete(tokens::revoke_token))
         .route("/jobs", post(jobs::submit_job).get(jobs::list_jobs))
         .route("/jobs/{id}", get(jobs::get_job))
@@ -120,8 +129,14 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(middleware::from_fn_with_state(state.clone(), record_metrics))
-        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            record_metrics,
+        ))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            request_timeout,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }
@@ -146,7 +161,11 @@ async fn record_metrics(State(state): State<AppState>, req: Request, next: Next)
     state
         .metrics()
         .http_requests
-        .get_or_create(&HttpLabels { method, route, status: resp.status().as_u16() })
+        .get_or_create(&HttpLabels {
+            method,
+            route,
+            status: resp.status().as_u16(),
+        })
         .observe(started.elapsed().as_secs_f64());
     resp
 }

@@ -48,7 +48,10 @@ pub enum ApiError {
     Validation(FieldErrors),
     /// The request cannot be read (malformed JSON, a bad query string).
     #[error("{detail}")]
-    BadRequest { detail: String, field: Option<String> },
+    BadRequest {
+        detail: String,
+        field: Option<String>,
+    },
     #[error("request body larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("expected a JSON body (Content-Type: application/json)")]
@@ -74,19 +77,47 @@ impl ApiError {
 
     fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         match self {
-            ApiError::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required"),
+            ApiError::Unauthenticated => (
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "Authentication required",
+            ),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
-            ApiError::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation", "Invalid request"),
-            ApiError::BadRequest { .. } => (StatusCode::BAD_REQUEST, "bad-request", "Malformed request"),
-            ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large"),
-            ApiError::UnsupportedMediaType => {
-                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type")
+            ApiError::Validation(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "validation",
+                "Invalid request",
+            ),
+            ApiError::BadRequest { .. } => {
+                (StatusCode::BAD_REQUEST, "bad-request", "Malformed request")
             }
-            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
-            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
-            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal server error"),
+            ApiError::PayloadTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                "Request body too large",
+            ),
+            ApiError::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+            ),
+            ApiError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+            ),
+            ApiError::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Service unavailable",
+            ),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal server error",
+            ),
         }
     }
 
@@ -98,10 +129,16 @@ impl ApiError {
                 Some(detail.clone()),
                 field
                     .iter()
-                    .map(|f| FieldError { field: f.clone(), message: detail.clone() })
+                    .map(|f| FieldError {
+                        field: f.clone(),
+                        message: detail.clone(),
+                    })
                     .collect(),
             ),
-            ApiError::Internal(_) => (Some("the error was logged; retrying may help".into()), Vec::new()),
+            ApiError::Internal(_) => (
+                Some("the error was logged; retrying may help".into()),
+                Vec::new(),
+            ),
             other => (Some(other.to_string()), Vec::new()),
         };
         Problem {
@@ -123,13 +160,17 @@ impl IntoResponse for ApiError {
             _ => {}
         }
         let problem = self.to_problem();
-        let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status =
+            StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut resp = (status, body).into_response();
-        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if matches!(self, ApiError::Unauthenticated) {
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"spotplane\""));
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"spotplane\""),
+            );
         }
         resp
     }

@@ -12,7 +12,7 @@ use spotplane_core::team::{Quota, QuotaResource, validate_team_settings};
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::extract::{ApiJson, Auth};
+use super::extract::{Auth, JsonBody};
 use super::problem::{ApiError, Problem};
 use crate::model::{Page, Role, Team};
 use crate::store::{NewTeam, TeamPatch};
@@ -56,7 +56,9 @@ pub struct UpdateTeam {
 }
 
 /// Distinguishes a field given as `null` (`Some(None)`) from one left out (`None`).
-fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
 }
 
@@ -66,31 +68,63 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
 pub async fn create_team(
     State(state): State<AppState>,
     auth: Auth,
-    ApiJson(req): ApiJson<CreateTeam>,
+    body: JsonBody,
 ) -> Result<impl IntoResponse, ApiError> {
     auth.require(&[Role::Admin])?;
-    validate_team_settings(Some(&req.name), Some(req.weight), req.cohort.as_deref(), Some(&req.quotas)).into_result()?;
-    let name: TeamName = req.name.parse().map_err(|e: spotplane_core::ids::ParseIdError| ApiError::field("name", e.reason))?;
+    let req: CreateTeam = body.parse()?;
+    validate_team_settings(
+        Some(&req.name),
+        Some(req.weight),
+        req.cohort.as_deref(),
+        Some(&req.quotas),
+    )
+    .into_result()?;
+    let name: TeamName = req
+        .name
+        .parse()
+        .map_err(|e: spotplane_core::ids::ParseIdError| ApiError::field("name", e.reason))?;
     let team = state
         .store()
-        .create_team(NewTeam { name, weight: req.weight, cohort: req.cohort, quotas: req.quotas }, state.now())
+        .create_team(
+            NewTeam {
+                name,
+                weight: req.weight,
+                cohort: req.cohort,
+                quotas: req.quotas,
+            },
+            state.now(),
+        )
         .await?;
     let location = format!("/v1/teams/{}", team.name);
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(team)))
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(team),
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/teams", tag = "teams",
     responses((status = 200, body = Page<Team>)), security(("bearer" = [])))]
-pub async fn list_teams(State(state): State<AppState>, auth: Auth) -> Result<Json<Page<Team>>, ApiError> {
+pub async fn list_teams(
+    State(state): State<AppState>,
+    auth: Auth,
+) -> Result<Json<Page<Team>>, ApiError> {
     auth.require(&[Role::Admin, Role::Finance])?;
     let items = state.store().list_teams().await?;
-    Ok(Json(Page { items, next_cursor: None }))
+    Ok(Json(Page {
+        items,
+        next_cursor: None,
+    }))
 }
 
 #[utoipa::path(get, path = "/v1/teams/{team}", tag = "teams",
     params(("team" = String, Path, description = "Team name")),
     responses((status = 200, body = Team), (status = 404, body = Problem)), security(("bearer" = [])))]
-pub async fn get_team(State(state): State<AppState>, auth: Auth, Path(team): Path<String>) -> Result<Json<Team>, ApiError> {
+pub async fn get_team(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(team): Path<String>,
+) -> Result<Json<Team>, ApiError> {
     let p = auth.require(&[Role::Admin, Role::Finance, Role::Team])?;
     if p.role == Role::Team && p.team.as_ref().map(|(_, n)| n.as_str()) != Some(team.as_str()) {
         return Err(ApiError::NotFound(format!("no team {team}")));
@@ -106,11 +140,18 @@ pub async fn update_team(
     State(state): State<AppState>,
     auth: Auth,
     Path(team): Path<String>,
-    ApiJson(req): ApiJson<UpdateTeam>,
+    body: JsonBody,
 ) -> Result<Json<Team>, ApiError> {
     auth.require(&[Role::Admin])?;
+    let req: UpdateTeam = body.parse()?;
     let cohort = req.cohort.as_ref().and_then(|c| c.as_deref());
     validate_team_settings(None, req.weight, cohort, req.quotas.as_ref()).into_result()?;
-    let patch = TeamPatch { weight: req.weight, cohort: req.cohort, quotas: req.quotas };
-    Ok(Json(state.store().update_team(&team, patch, state.now()).await?))
+    let patch = TeamPatch {
+        weight: req.weight,
+        cohort: req.cohort,
+        quotas: req.quotas,
+    };
+    Ok(Json(
+        state.store().update_team(&team, patch, state.now()).await?,
+    ))
 }

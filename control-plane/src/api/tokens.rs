@@ -12,7 +12,7 @@ use spotplane_core::validate::check_name;
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::extract::{ApiJson, Auth};
+use super::extract::{Auth, JsonBody};
 use super::problem::{ApiError, Problem};
 use crate::model::{Page, Role, Token};
 use crate::store::NewToken;
@@ -50,7 +50,11 @@ pub struct CreatedToken {
     pub token: String,
 }
 
-fn validate_token_request(name: &str, expires_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> FieldErrors {
+fn validate_token_request(
+    name: &str,
+    expires_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> FieldErrors {
     let mut errs = FieldErrors::new();
     if let Err(m) = check_name(name) {
         errs.push("name", m);
@@ -69,9 +73,10 @@ pub async fn create_team_token(
     State(state): State<AppState>,
     auth: Auth,
     Path(team): Path<String>,
-    ApiJson(req): ApiJson<CreateTeamToken>,
+    body: JsonBody,
 ) -> Result<impl IntoResponse, ApiError> {
     auth.require(&[Role::Admin])?;
+    let req: CreateTeamToken = body.parse()?;
     let now = state.now();
     validate_token_request(&req.name, req.expires_at, now).into_result()?;
     let team = state.store().get_team(&team).await?;
@@ -97,7 +102,10 @@ pub async fn list_team_tokens(
     auth.require(&[Role::Admin])?;
     let team = state.store().get_team(&team).await?;
     let items = state.store().list_tokens(Some(&team.id)).await?;
-    Ok(Json(Page { items, next_cursor: None }))
+    Ok(Json(Page {
+        items,
+        next_cursor: None,
+    }))
 }
 
 #[utoipa::path(post, path = "/v1/tokens", tag = "tokens", request_body = CreateToken,
@@ -105,28 +113,47 @@ pub async fn list_team_tokens(
 pub async fn create_token(
     State(state): State<AppState>,
     auth: Auth,
-    ApiJson(req): ApiJson<CreateToken>,
+    body: JsonBody,
 ) -> Result<impl IntoResponse, ApiError> {
     auth.require(&[Role::Admin])?;
+    let req: CreateToken = body.parse()?;
     let now = state.now();
     let mut errs = validate_token_request(&req.name, req.expires_at, now);
     match req.role {
         Role::Admin | Role::Finance => {}
-        Role::Team => errs.push("role", "team tokens are created with POST /v1/teams/{team}/tokens"),
-        Role::Agent => errs.push("role", "agent tokens are issued by the control plane for each node it provisions"),
+        Role::Team => errs.push(
+            "role",
+            "team tokens are created with POST /v1/teams/{team}/tokens",
+        ),
+        Role::Agent => errs.push(
+            "role",
+            "agent tokens are issued by the control plane for each node it provisions",
+        ),
     }
     errs.into_result()?;
-    let new = NewToken { name: req.name, role: req.role, team: None, node_id: None, expires_at: req.expires_at };
+    let new = NewToken {
+        name: req.name,
+        role: req.role,
+        team: None,
+        node_id: None,
+        expires_at: req.expires_at,
+    };
     let (info, token) = state.store().create_token(new, now).await?;
     Ok((StatusCode::CREATED, Json(CreatedToken { info, token })))
 }
 
 #[utoipa::path(get, path = "/v1/tokens", tag = "tokens",
     responses((status = 200, body = Page<Token>)), security(("bearer" = [])))]
-pub async fn list_tokens(State(state): State<AppState>, auth: Auth) -> Result<Json<Page<Token>>, ApiError> {
+pub async fn list_tokens(
+    State(state): State<AppState>,
+    auth: Auth,
+) -> Result<Json<Page<Token>>, ApiError> {
     auth.require(&[Role::Admin])?;
     let items = state.store().list_tokens(None).await?;
-    Ok(Json(Page { items, next_cursor: None }))
+    Ok(Json(Page {
+        items,
+        next_cursor: None,
+    }))
 }
 
 #[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "tokens",
@@ -140,7 +167,9 @@ pub async fn revoke_token(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     auth.require(&[Role::Admin])?;
-    let id = id.parse().map_err(|_| ApiError::NotFound(format!("no token {id}")))?;
+    let id = id
+        .parse()
+        .map_err(|_| ApiError::NotFound(format!("no token {id}")))?;
     state.store().revoke_token(id, state.now()).await?;
     Ok(StatusCode::NO_CONTENT)
 }

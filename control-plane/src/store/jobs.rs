@@ -328,11 +328,12 @@ impl Store {
             let row = self.job_row(&txn, id, team_id).await?;
             let from: JobState = parse_col("jobs", &row.id, &row.state)?;
             if let Some(expected) = expect_from
-                && from != expected {
-                    return Err(StoreError::Conflict(format!(
-                        "job {id} is {from}, not {expected}"
-                    )));
-                }
+                && from != expected
+            {
+                return Err(StoreError::Conflict(format!(
+                    "job {id} is {from}, not {expected}"
+                )));
+            }
             if !from.can_transition_to(to) {
                 return Err(StoreError::Conflict(format!(
                     "job {id} is {from} and cannot become {to}"

@@ -23,6 +23,7 @@
 
 mod jobs;
 mod nodes;
+mod outbox;
 mod teams;
 mod tokens;
 
@@ -38,7 +39,7 @@ use sea_orm::sqlx::sqlite::{
 };
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseBackend, DatabaseConnection, DbErr,
-    RuntimeErr, SqlxSqliteConnector,
+    RuntimeErr, SqlxSqliteConnector, TransactionTrait,
 };
 use serde_json::Value;
 use spotplane_migrations::Migrator;
@@ -49,6 +50,7 @@ use crate::metrics::Metrics;
 
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
 pub use nodes::{NewGpu, NewNode, NewOffer};
+pub use outbox::OutboxEvent;
 pub use teams::{NewTeam, TeamPatch};
 pub use tokens::{Bootstrap, NewToken, Principal, generate_secret, hash_secret};
 
@@ -162,19 +164,17 @@ impl Store {
     }
 
     /// Applies pending migrations. Safe to run from several replicas at once on PostgreSQL:
-    /// the migrations run under an advisory lock.
+    /// the migrations run in one transaction holding an advisory lock, so a second replica
+    /// waits, then finds nothing left to do (PostgreSQL's DDL is transactional).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let started = Instant::now();
         let result = async {
             if self.backend == DatabaseBackend::Postgres {
-                // Serialize concurrent replicas starting together; released with the session.
-                let conn = self.write.clone();
-                conn.execute_unprepared("SELECT pg_advisory_lock(7355608)")
+                let txn = self.write.begin().await?;
+                txn.execute_unprepared("SELECT pg_advisory_xact_lock(7355608)")
                     .await?;
-                let r = Migrator::up(&conn, None).await;
-                conn.execute_unprepared("SELECT pg_advisory_unlock(7355608)")
-                    .await?;
-                r
+                Migrator::up(&txn, None).await?;
+                txn.commit().await
             } else {
                 Migrator::up(&self.write, None).await
             }

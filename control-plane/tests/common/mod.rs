@@ -1,0 +1,235 @@
+//! Test harness: a real server on a real database, SQLite or PostgreSQL.
+//!
+//! PostgreSQL tests use the server named by `SPOTPLANE_TEST_POSTGRES_URL` (default: the local
+//! one at 127.0.0.1:5432, database `test`), each test in a schema of its own that is dropped
+//! at the end. If PostgreSQL is unreachable the tests fail, they do not skip.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use spotplane::clock::SystemClock;
+use spotplane::config::Config;
+use spotplane::server::{ServeOptions, Server};
+
+pub const ADMIN_TOKEN: &str = "spt_test_admin_token_000000000000";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub fn postgres_url() -> String {
+    std::env::var("SPOTPLANE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A database for one test; drop it with [`TestDb::cleanup`].
+pub struct TestDb {
+    pub backend: Backend,
+    pub config: Config,
+    _dir: Option<tempfile::TempDir>,
+    schema: Option<String>,
+}
+
+impl TestDb {
+    pub fn new(backend: Backend) -> TestDb {
+        let mut config = Config::embedded_default().expect("embedded default parses");
+        config.server.listen = "127.0.0.1:0".into();
+        config.log.level = "warn".into();
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                config.database.url =
+                    format!("sqlite://{}", dir.path().join("spotplane.sqlite").display());
+                config.object_store.url =
+                    format!("file://{}", dir.path().join("objects").display());
+                TestDb {
+                    backend,
+                    config,
+                    _dir: Some(dir),
+                    schema: None,
+                }
+            }
+            Backend::Postgres => {
+                let suffix: u64 = rand_u64();
+                let schema = format!("spt_test_{suffix:016x}");
+                config.database.url = postgres_url();
+                config.database.schema = Some(schema.clone());
+                config.database.max_connections = 4;
+                TestDb {
+                    backend,
+                    config,
+                    _dir: None,
+                    schema: Some(schema),
+                }
+            }
+        }
+    }
+
+    /// Drops the PostgreSQL schema (SQLite files go with the temp dir).
+    pub async fn cleanup(&self) {
+        if let Some(schema) = &self.schema {
+            use sea_orm::ConnectionTrait;
+            if let Ok(db) = sea_orm::Database::connect(postgres_url()).await {
+                let _ = db
+                    .execute_unprepared(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                    .await;
+                let _ = db.close().await;
+            }
+        }
+    }
+}
+
+fn rand_u64() -> u64 {
+    rand::random()
+}
+
+/// A running server with a bootstrap admin token and an HTTP client.
+pub struct TestServer {
+    pub db: TestDb,
+    pub server: Server,
+    pub url: String,
+    pub http: reqwest::Client,
+}
+
+impl TestServer {
+    pub async fn start(backend: Backend) -> TestServer {
+        let db = TestDb::new(backend);
+        let server = Server::start(
+            &db.config,
+            Arc::new(SystemClock),
+            ServeOptions {
+                bootstrap_admin_token: Some(ADMIN_TOKEN.into()),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "server on {backend:?} did not start (is PostgreSQL running at {}?): {e:#}",
+                postgres_url()
+            )
+        });
+        let url = server.url();
+        TestServer {
+            db,
+            server,
+            url,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn stop(self) {
+        self.server.shutdown().await.expect("clean shutdown");
+        self.db.cleanup().await;
+    }
+
+    pub fn store(&self) -> &spotplane::store::Store {
+        self.server.state.store()
+    }
+
+    /// Sends a request; returns the status, the headers and the body as JSON (Null if empty
+    /// or not JSON).
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut req = self.http.request(method, format!("{}{}", self.url, path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(b) = body {
+            req = req.body(b);
+        }
+        let resp = req.send().await.expect("request sent");
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await.expect("body read");
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, headers, body)
+    }
+
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> (StatusCode, Value) {
+        let (status, _, v) = self.send(method, path, token, body, &[]).await;
+        (status, v)
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut h: Vec<(&str, &str)> = headers.to_vec();
+        if body.is_some() {
+            h.push(("content-type", "application/json"));
+        }
+        self.raw(
+            method,
+            path,
+            token,
+            body.map(|b| serde_json::to_vec(b).expect("json")),
+            &h,
+        )
+        .await
+    }
+
+    /// Creates a team and returns a team token for it.
+    pub async fn team_with_token(&self, name: &str) -> String {
+        let (s, _) = self
+            .call(
+                Method::POST,
+                "/v1/teams",
+                Some(ADMIN_TOKEN),
+                Some(&serde_json::json!({"name": name})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "creating team {name}");
+        let (s, v) = self
+            .call(
+                Method::POST,
+                &format!("/v1/teams/{name}/tokens"),
+                Some(ADMIN_TOKEN),
+                Some(&serde_json::json!({"name": "t"})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "creating token for {name}: {v}");
+        v["token"].as_str().expect("token").to_owned()
+    }
+}
+
+/// Runs an async test body against both databases, as two tests named `sqlite` and `postgres`.
+#[macro_export]
+macro_rules! on_both_databases {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name($crate::common::Backend::Sqlite).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$name($crate::common::Backend::Postgres).await
+                }
+            }
+        )*
+    };
+}
