@@ -11,7 +11,7 @@ use spotplane_core::job::JobSpec;
 use spotplane_core::{JobId, JobState, TeamName};
 
 use super::entity::{job, job_event, outbox};
-use super::{Store, StoreError, from_json, is_unique_violation, parse_col};
+use super::{Store, StoreError, from_json, parse_col};
 use crate::model::{Job, JobEvent, Page};
 
 /// A validated job to store.
@@ -90,7 +90,7 @@ fn event_from_row(row: job_event::Model) -> Result<JobEvent, StoreError> {
 }
 
 /// The outbox payload describing a job after a change.
-fn job_payload(job: &Job, from: Option<JobState>) -> Value {
+pub(crate) fn job_payload(job: &Job, from: Option<JobState>) -> Value {
     json!({
         "job": {
             "id": job.id,
@@ -143,54 +143,20 @@ async fn record_job_event<C: ConnectionTrait>(
 
 impl Store {
     /// Queues a job, or replays an earlier submission with the same idempotency key.
+    ///
+    /// The job goes through the group-commit writer (see `submit.rs`); only when its key turns
+    /// out to be taken is the earlier job looked up.
     pub async fn submit_job(
         &self,
         new: NewJob,
         now: DateTime<Utc>,
     ) -> Result<SubmitOutcome, StoreError> {
-        if let Some(outcome) = self.replay(&new).await? {
-            return Ok(outcome);
-        }
-        let inserted = self
-            .measured("submit_job", || async {
-                let mut spec = new.spec.clone();
-                spec.team = Some(new.team.clone());
-                let spec_json =
-                    serde_json::to_value(&spec).map_err(|e| StoreError::Conflict(e.to_string()))?;
-                let txn = self.write.begin().await?;
-                let row = job::ActiveModel {
-                    id: Set(new.id.to_string()),
-                    team_id: Set(new.team_id.clone()),
-                    name: Set(spec.name.clone()),
-                    state: Set(JobState::Queued.to_string()),
-                    state_reason: Set(None),
-                    priority: Set(spec.priority.value()),
-                    spec: Set(spec_json),
-                    idempotency_key: Set(new.idempotency.as_ref().map(|(k, _)| k.clone())),
-                    request_hash: Set(new.idempotency.as_ref().map(|(_, h)| h.clone())),
-                    attempt: Set(0),
-                    version: Set(0),
-                    deadline: Set(spec.deadline),
-                    created_at: Set(now),
-                    updated_at: Set(now),
-                    finished_at: Set(None),
-                };
-                let row = match row.insert(&txn).await {
-                    Ok(r) => r,
-                    Err(e) if is_unique_violation(&e) && new.idempotency.is_some() => {
-                        return Ok(None);
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                let job = job_from_row(row)?;
-                record_job_event(&txn, &job, &new.team_id, None, None, now).await?;
-                txn.commit().await?;
-                Ok(Some(job))
-            })
-            .await?;
-        match inserted {
+        let started = std::time::Instant::now();
+        let result = self.submits.submit(new.clone(), now).await;
+        self.metrics
+            .observe_store("submit_job", result.is_ok(), started.elapsed());
+        match result? {
             Some(job) => Ok(SubmitOutcome::Created(job)),
-            // Another request with the same key won the race; answer as it was answered.
             None => self
                 .replay(&new)
                 .await?

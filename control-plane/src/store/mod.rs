@@ -24,6 +24,7 @@
 mod jobs;
 mod nodes;
 mod outbox;
+mod submit;
 mod teams;
 mod tokens;
 
@@ -89,7 +90,7 @@ impl StoreError {
 }
 
 /// Retries for transient failures before giving up.
-const MAX_ATTEMPTS: u32 = 4;
+pub(crate) const MAX_ATTEMPTS: u32 = 4;
 
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -97,6 +98,8 @@ pub struct Store {
     read: DatabaseConnection,
     backend: DatabaseBackend,
     metrics: Metrics,
+    submits: submit::SubmitQueue,
+    tokens: tokens::TokenCache,
 }
 
 impl Store {
@@ -129,12 +132,12 @@ impl Store {
                     .connect_with(opts)
                     .await
                     .map_err(|e| StoreError::Connect(format!("{}: {e}", cfg.url)))?;
-                Ok(Store {
-                    write: SqlxSqliteConnector::from_sqlx_sqlite_pool(write),
-                    read: SqlxSqliteConnector::from_sqlx_sqlite_pool(read),
-                    backend: DatabaseBackend::Sqlite,
+                Ok(Store::assemble(
+                    SqlxSqliteConnector::from_sqlx_sqlite_pool(write),
+                    SqlxSqliteConnector::from_sqlx_sqlite_pool(read),
+                    DatabaseBackend::Sqlite,
                     metrics,
-                })
+                ))
             }
             DatabaseKind::Postgres => {
                 let mut opts = ConnectOptions::new(cfg.url.clone());
@@ -153,13 +156,30 @@ impl Store {
                     db.execute_unprepared(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
                         .await?;
                 }
-                Ok(Store {
-                    write: db.clone(),
-                    read: db,
-                    backend: DatabaseBackend::Postgres,
+                Ok(Store::assemble(
+                    db.clone(),
+                    db,
+                    DatabaseBackend::Postgres,
                     metrics,
-                })
+                ))
             }
+        }
+    }
+
+    fn assemble(
+        write: DatabaseConnection,
+        read: DatabaseConnection,
+        backend: DatabaseBackend,
+        metrics: Metrics,
+    ) -> Store {
+        let submits = submit::SubmitQueue::start(write.clone(), metrics.clone());
+        Store {
+            write,
+            read,
+            backend,
+            metrics,
+            submits,
+            tokens: tokens::TokenCache::default(),
         }
     }
 
@@ -240,7 +260,7 @@ impl Store {
 }
 
 /// SQLite busy/locked and PostgreSQL serialization failures and deadlocks go away on retry.
-fn is_transient(e: &DbErr) -> bool {
+pub(crate) fn is_transient(e: &DbErr) -> bool {
     let (DbErr::Exec(RuntimeErr::SqlxError(se))
     | DbErr::Query(RuntimeErr::SqlxError(se))
     | DbErr::Conn(RuntimeErr::SqlxError(se))) = e

@@ -5,6 +5,10 @@
 //! entropy, so a stolen hash cannot be reversed by guessing, and a fast hash keeps
 //! authentication off the request latency budget.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
@@ -38,6 +42,46 @@ pub struct Principal {
     /// Internal id and name of the team of a `team` token.
     pub team: Option<(String, TeamName)>,
     pub node_id: Option<NodeId>,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// Principals of recently seen secrets, by hash, so that most requests authenticate without a
+/// query. An entry lives [`TOKEN_CACHE_TTL`]; revoking a token clears this replica's cache at
+/// once, and other replicas (on a shared PostgreSQL) stop accepting it within the TTL. Expiry
+/// is checked on every hit. Unknown secrets are never cached.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TokenCache {
+    entries: Arc<Mutex<HashMap<String, (Principal, Instant)>>>,
+}
+
+pub const TOKEN_CACHE_TTL: Duration = Duration::from_secs(5);
+const TOKEN_CACHE_MAX: usize = 10_000;
+
+impl TokenCache {
+    fn get(&self, hash: &str, now: DateTime<Utc>) -> Option<Principal> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let (p, at) = entries.get(hash)?;
+        let live = at.elapsed() < TOKEN_CACHE_TTL && p.expires_at.is_none_or(|e| e > now);
+        live.then(|| p.clone())
+    }
+
+    fn put(&self, hash: String, p: Principal) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.len() >= TOKEN_CACHE_MAX {
+            entries.retain(|_, (_, at)| at.elapsed() < TOKEN_CACHE_TTL);
+            if entries.len() >= TOKEN_CACHE_MAX {
+                entries.clear();
+            }
+        }
+        entries.insert(hash, (p, Instant::now()));
+    }
+
+    fn clear(&self) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
 }
 
 /// Prefix of every secret spotplane issues.
@@ -187,33 +231,42 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Option<Principal>, StoreError> {
         let hash = hash_secret(secret);
-        self.measured("authenticate", || async {
-            let Some(row) = api_token::Entity::find()
-                .filter(api_token::Column::SecretHash.eq(hash.as_str()))
-                .filter(api_token::Column::RevokedAt.is_null())
-                .filter(
-                    Condition::any()
-                        .add(api_token::Column::ExpiresAt.is_null())
-                        .add(api_token::Column::ExpiresAt.gt(now)),
-                )
-                .one(&self.read)
-                .await?
-            else {
-                return Ok(None);
-            };
-            let token = token_from_row(&self.read, row.clone()).await?;
-            let team = match (row.team_id, token.team) {
-                (Some(id), Some(name)) => Some((id, name)),
-                _ => None,
-            };
-            Ok(Some(Principal {
-                token_id: token.id,
-                role: token.role,
-                team,
-                node_id: token.node_id,
-            }))
-        })
-        .await
+        if let Some(p) = self.tokens.get(&hash, now) {
+            return Ok(Some(p));
+        }
+        let found = self
+            .measured("authenticate", || async {
+                let Some(row) = api_token::Entity::find()
+                    .filter(api_token::Column::SecretHash.eq(hash.as_str()))
+                    .filter(api_token::Column::RevokedAt.is_null())
+                    .filter(
+                        Condition::any()
+                            .add(api_token::Column::ExpiresAt.is_null())
+                            .add(api_token::Column::ExpiresAt.gt(now)),
+                    )
+                    .one(&self.read)
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                let token = token_from_row(&self.read, row.clone()).await?;
+                let team = match (row.team_id, token.team) {
+                    (Some(id), Some(name)) => Some((id, name)),
+                    _ => None,
+                };
+                Ok(Some(Principal {
+                    token_id: token.id,
+                    role: token.role,
+                    team,
+                    node_id: token.node_id,
+                    expires_at: token.expires_at,
+                }))
+            })
+            .await?;
+        if let Some(p) = &found {
+            self.tokens.put(hash, p.clone());
+        }
+        Ok(found)
     }
 
     /// Tokens, newest first; only those of `team_id` when given.
@@ -269,6 +322,7 @@ impl Store {
                 .await?
                 .ok_or_else(|| StoreError::NotFound(format!("token {id}")))?;
             txn.commit().await?;
+            self.tokens.clear();
             token_from_row(&self.read, updated).await
         })
         .await

@@ -1,0 +1,270 @@
+//! The real binaries, started as users start them.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+use spotplane_tests::{Proc, bin, free_port, postgres_url, repo_root};
+
+fn demo(dir: &Path, port: u16) -> Proc {
+    let mut cmd = Command::new(bin("spotplane"));
+    cmd.current_dir(dir)
+        .env_remove("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN")
+        .env("SPOTPLANE_LOG__LEVEL", "warn")
+        .args(["demo", "--listen", &format!("127.0.0.1:{port}")]);
+    Proc::spawn(cmd, dir.join("demo.log"))
+}
+
+#[tokio::test]
+async fn demo_starts_on_the_embedded_default_and_answers_healthz() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let mut p = demo(dir.path(), port);
+    p.wait_healthy(&format!("http://127.0.0.1:{port}/healthz"))
+        .await;
+    let ready: Value = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+        .await
+        .expect("readyz")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(ready["status"], "ready");
+    assert!(
+        dir.path().join("data/demo/spotplane.sqlite").exists(),
+        "SQLite under ./data/demo"
+    );
+    let token = std::fs::read_to_string(dir.path().join("data/demo/admin-token"))
+        .expect("admin token written");
+    let out = p.output();
+    assert!(
+        out.contains(&format!("http://127.0.0.1:{port}")),
+        "prints where it listens:\n{out}"
+    );
+    assert!(out.contains(token.trim()), "prints the admin token:\n{out}");
+    assert!(p.terminate(), "exits cleanly on SIGTERM:\n{}", p.output());
+
+    // A restart keeps the data and the token.
+    let mut p = demo(dir.path(), port);
+    p.wait_healthy(&format!("http://127.0.0.1:{port}/healthz"))
+        .await;
+    let teams = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/v1/teams"))
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .expect("teams");
+    assert_eq!(teams.status(), 200);
+}
+
+/// The five-minute tour in README.md, run as written (`<!-- tour -->` marks it).
+#[tokio::test]
+async fn the_readme_tour_works_verbatim() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let start = readme
+        .find("<!-- tour -->")
+        .expect("README has a <!-- tour --> block");
+    let rest = &readme[start..];
+    let open = rest
+        .find("```bash\n")
+        .expect("a bash block follows the marker")
+        + "```bash\n".len();
+    let close = rest[open..].find("\n```").expect("the block ends");
+    let script = &rest[open..open + close];
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let mut p = demo(dir.path(), port);
+    p.wait_healthy(&format!("http://127.0.0.1:{port}/healthz"))
+        .await;
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir.path())
+        .env("SPOTPLANE_URL", format!("http://127.0.0.1:{port}"))
+        .output()
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the tour failed:\n{stdout}\n{stderr}\n--- server ---\n{}",
+        p.output()
+    );
+    for expected in [
+        "\"state\": \"queued\"",
+        "\"state\": \"cancelled\"",
+        "job.queued",
+        "job.cancelled",
+        "urn:spotplane:problem:validation",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "tour output lacks {expected:?}:\n{stdout}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn migrate_applies_the_schema_once_on_sqlite_and_postgresql() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let schema = format!("spt_test_migrate_{}", std::process::id());
+    let cases = [
+        vec![(
+            "SPOTPLANE_DATABASE__URL",
+            format!("sqlite://{}/m.sqlite", dir.path().display()),
+        )],
+        vec![
+            ("DATABASE_URL", postgres_url()),
+            ("SPOTPLANE_DATABASE__SCHEMA", schema.clone()),
+        ],
+    ];
+    for env in cases {
+        for expect in ["applied m20261130_000001_initial", "the schema is current"] {
+            let out = Command::new(bin("spotplane"))
+                .arg("migrate")
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .env("SPOTPLANE_LOG__LEVEL", "warn")
+                .output()
+                .expect("migrate runs");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{env:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(stdout.contains(expect), "{env:?}: {stdout}");
+        }
+    }
+    let _ = Command::new("psql")
+        .args([
+            &postgres_url(),
+            "-q",
+            "-c",
+            &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
+        ])
+        .output();
+}
+
+#[tokio::test]
+async fn an_invalid_configuration_is_refused_with_every_problem_named() {
+    let out = Command::new(bin("spotplane"))
+        .arg("config")
+        .env("SPOTPLANE_SERVER__LISTEN", "nowhere")
+        .env("SPOTPLANE_DATABASE__MAX_CONNECTIONS", "0")
+        .env("SPOTPLANE_OBJECT_STORE__URL", "ftp://x")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for path in [
+        "server.listen",
+        "database.max_connections",
+        "object_store.url",
+    ] {
+        assert!(stderr.contains(path), "{path} missing from:\n{stderr}");
+    }
+    let out = Command::new(bin("spotplane"))
+        .args(["--config", "/nonexistent.toml", "config"])
+        .output()
+        .expect("runs");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.toml"));
+}
+
+#[tokio::test]
+async fn the_cli_submits_lists_shows_and_cancels_jobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let admin = "spt_e2e_admin_token_0123456789";
+    let mut cmd = Command::new(bin("spotplane"));
+    cmd.arg("serve")
+        .env("SPOTPLANE_SERVER__LISTEN", format!("127.0.0.1:{port}"))
+        .env(
+            "SPOTPLANE_DATABASE__URL",
+            format!("sqlite://{}/s.sqlite", dir.path().display()),
+        )
+        .env("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN", admin);
+    let mut server = Proc::spawn(cmd, dir.path().join("serve.log"));
+    server.wait_healthy(&format!("{url}/readyz")).await;
+
+    let http = reqwest::Client::new();
+    http.post(format!("{url}/v1/teams"))
+        .bearer_auth(admin)
+        .json(&json!({"name": "research"}))
+        .send()
+        .await
+        .expect("team");
+    let created: Value = http
+        .post(format!("{url}/v1/teams/research/tokens"))
+        .bearer_auth(admin)
+        .json(&json!({"name": "cli"}))
+        .send()
+        .await
+        .expect("token")
+        .json()
+        .await
+        .expect("json");
+    let token = created["token"].as_str().expect("secret").to_owned();
+
+    let cli = |args: &[&str]| {
+        let out = Command::new(bin("spotplane"))
+            .args(args)
+            .env("SPOTPLANE_URL", &url)
+            .env("SPOTPLANE_TOKEN", &token)
+            .output()
+            .expect("cli runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let job_file = dir.path().join("job.yaml");
+    std::fs::write(
+        &job_file,
+        "name: llama-ft\npriority: fine-tune\nreplicas: 2\nshape:\n  mig: nvidia.com/mig-3g.40gb\ncommand: [python, train.py]\n",
+    )
+    .expect("write job");
+    let (ok, out, err) = cli(&["job", "submit", "-f", job_file.to_str().expect("path")]);
+    assert!(ok, "{err}");
+    let job: Value = serde_json::from_str(&out).expect("submit prints the job as JSON");
+    let id = job["id"].as_str().expect("id").to_owned();
+    assert_eq!(job["shape"]["mig"], "3g.40gb");
+
+    let (ok, _, err) = cli(&["job", "submit", "-f", job_file.to_str().expect("path")]);
+    assert!(
+        ok && err.contains("already submitted"),
+        "resubmitting the same file is idempotent: {err}"
+    );
+
+    let (ok, out, _) = cli(&["job", "list"]);
+    assert!(
+        ok && out.contains(&id) && out.contains("queued") && out.contains("mig 3g.40gb"),
+        "{out}"
+    );
+    assert_eq!(out.lines().count(), 2, "one job, one header:\n{out}");
+    let (ok, out, _) = cli(&["job", "show", &id]);
+    assert!(ok && out.contains("\"llama-ft\""), "{out}");
+    let (ok, out, _) = cli(&["job", "cancel", &id, "--reason", "done testing"]);
+    assert!(ok && out.contains("cancelled"), "{out}");
+    let (ok, out, _) = cli(&["job", "events", &id]);
+    assert!(
+        ok && out.contains("job.queued") && out.contains("done testing"),
+        "{out}"
+    );
+
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"name": "x", "shape": {"gpu_milli": 5000}, "command": ["x"]}"#,
+    )
+    .expect("write");
+    let (ok, _, err) = cli(&["job", "submit", "-f", bad.to_str().expect("path")]);
+    assert!(!ok && err.contains("shape.gpu_milli"), "{err}");
+    let (ok, _, err) = cli(&["job", "show", "0192d4e0-0000-7000-8000-000000000000"]);
+    assert!(!ok && err.contains("404"), "{err}");
+    assert!(
+        server.terminate(),
+        "serve exits cleanly on SIGTERM:\n{}",
+        server.output()
+    );
+}
