@@ -112,7 +112,7 @@ impl MigrationTrait for Migration {
         m.create_table(
             Table::create()
                 .table(JobEvents::Table)
-                .col(big_pk_auto(JobEvents::Id))
+                .col(big_integer(JobEvents::Id).auto_increment().primary_key())
                 .col(string(JobEvents::JobId))
                 .col(timestamp_with_time_zone(JobEvents::At))
                 .col(string(JobEvents::Kind))
@@ -309,7 +309,7 @@ impl MigrationTrait for Migration {
         m.create_table(
             Table::create()
                 .table(Outbox::Table)
-                .col(big_pk_auto(Outbox::Id))
+                .col(big_integer(Outbox::Id).auto_increment().primary_key())
                 .col(string(Outbox::Kind))
                 .col(string(Outbox::SubjectKind))
                 .col(string(Outbox::SubjectId))
@@ -379,7 +379,11 @@ impl MigrationTrait for Migration {
         m.create_table(
             Table::create()
                 .table(LedgerEntries::Table)
-                .col(big_pk_auto(LedgerEntries::Id))
+                .col(
+                    big_integer(LedgerEntries::Id)
+                        .auto_increment()
+                        .primary_key(),
+                )
                 .col(string(LedgerEntries::NodeId))
                 .col(string_null(LedgerEntries::JobId))
                 .col(string_null(LedgerEntries::TeamId))

@@ -267,7 +267,7 @@ pub(crate) fn is_transient(e: &DbErr) -> bool {
     else {
         return matches!(e, DbErr::ConnectionAcquire(_));
     };
-    match &**se {
+    match se {
         sea_orm::sqlx::Error::Database(d) => {
             matches!(
                 d.code().as_deref(),

@@ -101,7 +101,11 @@ async fn writer(db: DatabaseConnection, metrics: Metrics, mut rx: mpsc::Receiver
             Err(e) => {
                 tracing::warn!(error = %e, jobs = batch.len(), "committing submitted jobs failed");
                 for p in batch.drain(..) {
-                    let _ = p.reply.send(Err(StoreError::Db(e.clone())));
+                    let _ = p
+                        .reply
+                        .send(Err(StoreError::Db(sea_orm::DbErr::Custom(format!(
+                            "committing the batch: {e}"
+                        )))));
                 }
             }
         }
