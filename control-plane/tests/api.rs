@@ -752,8 +752,9 @@ async fn every_job_change_is_in_the_outbox(backend: Backend) {
 }
 
 async fn nodes_and_offers_are_listed_with_their_gpus(backend: Backend) {
-    use spotplane::store::{NewGpu, NewNode, NewOffer};
+    use spotplane::store::{NewGpu, NewNode};
     use spotplane_core::{Cloud, GpuModel, Market, Micros, MigLayout, NodeId};
+    use spotplane_providers::Offer;
     let srv = TestServer::start(backend).await;
     let now = chrono::Utc::now();
     let id = NodeId(uuid::Uuid::now_v7());
@@ -794,8 +795,7 @@ async fn nodes_and_offers_are_listed_with_their_gpus(backend: Backend) {
         .expect("node stored");
     srv.store()
         .upsert_offers(
-            &[NewOffer {
-                id: "aws/us-east-1/use1-az1/g5.xlarge/spot".into(),
+            &[Offer {
                 cloud: Cloud::Aws,
                 region: "us-east-1".into(),
                 zone: "use1-az1".into(),

@@ -50,7 +50,7 @@ use crate::config::{DatabaseConfig, DatabaseKind};
 use crate::metrics::Metrics;
 
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
-pub use nodes::{NewGpu, NewNode, NewOffer};
+pub use nodes::{NewGpu, NewNode};
 pub use outbox::OutboxEvent;
 pub use teams::{NewTeam, TeamPatch};
 pub use tokens::{Bootstrap, NewToken, Principal, generate_secret, hash_secret};

@@ -12,7 +12,9 @@ use spotplane_core::{Cloud, GpuModel, Market, Micros, MigLayout, NodeId, NodeSta
 
 use super::entity::{gpu, node, offer, outbox};
 use super::{Store, StoreError, from_json, new_uuid, parse_col};
-use crate::model::{Gpu, Node, Offer};
+use spotplane_providers::Offer;
+
+use crate::model::{Gpu, Node, Offer as OfferView};
 
 /// A node to record when it is requested from a cloud.
 #[derive(Debug, Clone)]
@@ -81,8 +83,8 @@ fn node_from_row(row: node::Model, gpus: Vec<Gpu>) -> Result<Node, StoreError> {
     })
 }
 
-fn offer_from_row(row: offer::Model) -> Result<Offer, StoreError> {
-    Ok(Offer {
+fn offer_from_row(row: offer::Model) -> Result<OfferView, StoreError> {
+    Ok(OfferView {
         cloud: parse_col("offers", &row.id, &row.cloud)?,
         market: parse_col("offers", &row.id, &row.market)?,
         gpu_model: row
@@ -106,25 +108,6 @@ fn offer_from_row(row: offer::Model) -> Result<Offer, StoreError> {
         unavailable_until: row.unavailable_until,
         id: row.id,
     })
-}
-
-/// An offer as a provider reports it, to be stored.
-#[derive(Debug, Clone)]
-pub struct NewOffer {
-    pub id: String,
-    pub cloud: Cloud,
-    pub region: String,
-    pub zone: String,
-    pub instance_type: String,
-    pub market: Market,
-    pub gpu_model: Option<GpuModel>,
-    pub gpu_count: u32,
-    pub vcpus: u32,
-    pub memory_mib: u64,
-    pub price: Micros,
-    pub on_demand_price: Micros,
-    pub placement_score: Option<f64>,
-    pub interruption_bucket: Option<String>,
 }
 
 impl Store {
@@ -248,7 +231,7 @@ impl Store {
     /// Inserts or refreshes offers (keyed by their id).
     pub async fn upsert_offers(
         &self,
-        offers: &[NewOffer],
+        offers: &[Offer],
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         if offers.is_empty() {
@@ -258,7 +241,7 @@ impl Store {
             let txn = self.write.begin().await?;
             for chunk in offers.chunks(200) {
                 let rows = chunk.iter().map(|o| offer::ActiveModel {
-                    id: Set(o.id.clone()),
+                    id: Set(o.id()),
                     cloud: Set(o.cloud.to_string()),
                     region: Set(o.region.clone()),
                     zone: Set(o.zone.clone()),
@@ -297,7 +280,7 @@ impl Store {
     }
 
     /// Offers, cheapest first.
-    pub async fn list_offers(&self) -> Result<Vec<Offer>, StoreError> {
+    pub async fn list_offers(&self) -> Result<Vec<OfferView>, StoreError> {
         self.measured("list_offers", || async {
             offer::Entity::find()
                 .order_by_asc(offer::Column::PriceMicros)
