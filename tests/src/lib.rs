@@ -78,10 +78,10 @@ impl Proc {
                     self.output()
                 );
             }
-            if let Ok(r) = reqwest::get(url).await {
-                if r.status().is_success() {
-                    return;
-                }
+            if let Ok(r) = reqwest::get(url).await
+                && r.status().is_success()
+            {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
