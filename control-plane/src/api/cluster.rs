@@ -7,7 +7,7 @@ use spotplane_core::NodeState;
 use utoipa::IntoParams;
 
 use super::AppState;
-use super::extract::{ApiQuery, Auth};
+use super::extract::{ApiQuery, Auth, comma_list};
 use super::problem::{ApiError, Problem};
 use crate::model::{Node, Offer, Page, Role};
 
@@ -28,19 +28,9 @@ pub async fn list_nodes(
     ApiQuery(q): ApiQuery<ListNodes>,
 ) -> Result<Json<Page<Node>>, ApiError> {
     auth.require(&[Role::Admin, Role::Finance])?;
-    let mut states = Vec::new();
-    for s in q
-        .state
-        .iter()
-        .flat_map(|s| s.split(','))
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        states.push(
-            s.parse::<NodeState>()
-                .map_err(|m| ApiError::field("state", m))?,
-        );
-    }
+    let mut errs = spotplane_core::FieldErrors::new();
+    let states: Vec<NodeState> = comma_list(q.state.as_deref(), "state", &mut errs);
+    errs.into_result()?;
     let items = state.store().list_nodes(&states).await?;
     Ok(Json(Page {
         items,

@@ -123,6 +123,28 @@ fn field_of(path: &str, message: &str) -> String {
     }
 }
 
+/// Parses a comma-separated list of values from a query parameter (`state=queued,running`),
+/// adding an error under `field` for each value that does not parse.
+pub fn comma_list<T: std::str::FromStr<Err = String>>(
+    value: Option<&str>,
+    field: &str,
+    errs: &mut spotplane_core::FieldErrors,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for s in value
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        match s.parse() {
+            Ok(v) => out.push(v),
+            Err(m) => errs.push(field, m),
+        }
+    }
+    out
+}
+
 /// A query string, with errors as problems.
 #[derive(Debug, Clone)]
 pub struct ApiQuery<T>(pub T);

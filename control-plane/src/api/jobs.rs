@@ -15,7 +15,7 @@ use spotplane_core::{JobId, JobState};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
-use super::extract::{ApiQuery, Auth, JsonBody};
+use super::extract::{ApiQuery, Auth, JsonBody, comma_list};
 use super::problem::{ApiError, Problem};
 use crate::model::{Job, JobEvent, Page, Role};
 use crate::store::{JobFilter, NewJob, Principal, SubmitOutcome, new_uuid};
@@ -160,19 +160,7 @@ pub async fn list_jobs(
 ) -> Result<Json<Page<Job>>, ApiError> {
     let p = auth.require(&[Role::Admin, Role::Team])?;
     let mut errs = spotplane_core::FieldErrors::new();
-    let mut states = Vec::new();
-    for s in q
-        .state
-        .iter()
-        .flat_map(|s| s.split(','))
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        match s.parse::<JobState>() {
-            Ok(st) => states.push(st),
-            Err(m) => errs.push("state", m),
-        }
-    }
+    let states: Vec<JobState> = comma_list(q.state.as_deref(), "state", &mut errs);
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
     if limit == 0 || limit > MAX_LIMIT {
         errs.push("limit", format!("must be between 1 and {MAX_LIMIT}"));
