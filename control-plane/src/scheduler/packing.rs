@@ -158,7 +158,7 @@ pub fn lowest_idle(gpus: &[u32], n: u32) -> Option<Vec<u8>> {
     let picked: Vec<u8> = gpus
         .iter()
         .enumerate()
-        .filter(|(_, &l)| l == GPU_MILLI)
+        .filter(|(_, l)| **l == GPU_MILLI)
         .take(n as usize)
         .map(|(i, _)| i as u8)
         .collect();
@@ -169,8 +169,8 @@ pub fn lowest_idle(gpus: &[u32], n: u32) -> Option<Vec<u8>> {
 pub fn best_share(gpus: &[u32], milli: u32) -> Option<u8> {
     gpus.iter()
         .enumerate()
-        .filter(|(_, &l)| l >= milli)
-        .min_by_key(|(i, &l)| (l, *i))
+        .filter(|(_, l)| **l >= milli)
+        .min_by_key(|(i, l)| (**l, *i))
         .map(|(i, _)| i as u8)
 }
 
