@@ -1,3 +1,990 @@
 //! The embedded scheduler: a pure function from a snapshot to decisions.
+//!
+//! [`schedule`] takes the cluster as the store last saw it — nodes with their GPUs and MIG
+//! layouts, the jobs holding capacity, the queued jobs, the teams — and returns what to do:
+//! admissions with exact placements, preemptions, MIG re-layouts, and the demand no node can
+//! take. It does no I/O, reads no clock (`now` is an argument) and holds nothing between
+//! cycles; a reconciler in the control plane runs it against the store and carries out what
+//! it decides.
+//!
+//! The cycle, in order:
+//! 1. Build the working state: every node's capacity, minus what running jobs hold.
+//! 2. Account each team's usage per resource flavour and its dominant share.
+//! 3. Queue each team's jobs by priority; within a priority, requeued (preempted) jobs first,
+//!    then FIFO.
+//! 4. Repeatedly take the next job of the team with the smallest weighted dominant share:
+//!    - keep to the models the team's quota (plus what it may borrow) still allows;
+//!    - place the whole gang or nothing: one node if it fits there, else one zone;
+//!    - if it does not fit, preempt lower-priority jobs of the same team, or jobs another
+//!      team borrowed from a team now reclaiming its nominal quota, cheapest victims first;
+//!    - if still not, re-lay idle MIG GPUs (or turn them back into whole GPUs) to fit;
+//!    - otherwise report it as unmet demand for the capacity planner.
+//!
+//! A request that fails placement is remembered for the rest of the cycle (capacity only
+//! shrinks within a cycle), so the next job with the same request fails in O(1): that is what
+//! keeps a cycle over 100,000 queued jobs short.
 
+pub mod fairshare;
 pub mod packing;
+pub mod snapshot;
+pub mod state;
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use spotplane_core::mig::MigClass;
+use spotplane_core::shape::GpuShape;
+use spotplane_core::{Cloud, GpuModel, JobId, Market, MigInstance, MigLayout};
+
+use fairshare::Accounts;
+use packing::{Devices, PackNode, PackPod, PackingPolicy, ScoreCtx};
+pub use snapshot::*;
+use state::{State, Want};
+
+/// Tunables of the scheduler.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Feasible nodes the packing policy scores for one replica (the index supplies them best
+    /// fit first; more candidates, better packing, slower cycles).
+    pub candidates: usize,
+    pub preemption: bool,
+    pub dynamic_mig: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            candidates: 16,
+            preemption: true,
+            dynamic_mig: true,
+        }
+    }
+}
+
+/// One replica's needs in the terms the state understands.
+#[derive(Debug, Clone, Copy)]
+struct Need {
+    cpu: i64,
+    mem: i64,
+}
+
+/// A job's placement constraints besides its shape.
+struct Filter<'a> {
+    clouds: &'a [Cloud],
+    regions: &'a [String],
+    spot: bool,
+    zone: Option<u16>,
+}
+
+impl Filter<'_> {
+    fn admits(&self, n: &state::NodeState) -> bool {
+        n.schedulable
+            && (self.clouds.is_empty() || self.clouds.contains(&n.cloud))
+            && (self.regions.is_empty() || self.regions.contains(&n.region))
+            && (self.spot || n.market == Market::OnDemand)
+            && self.zone.is_none_or(|z| z == n.zone)
+    }
+}
+
+/// What the index is asked for on `model` for one replica of `shape`.
+fn want_on(shape: &GpuShape, model: GpuModel) -> Option<Want> {
+    match shape {
+        GpuShape::Whole { gpus: 0, .. } => Some(Want::CpuOnly),
+        GpuShape::Whole { gpus, .. } => Some(Want::Whole(*gpus)),
+        GpuShape::Shared { gpu_milli, .. } if *gpu_milli >= packing::GPU_MILLI => {
+            Some(Want::Whole(1))
+        }
+        GpuShape::Shared { gpu_milli, .. } => Some(Want::Share(*gpu_milli)),
+        GpuShape::Mig { profile, .. } => profile.class_on(model).map(Want::Mig),
+    }
+}
+
+/// The key under which a failed placement is remembered for the rest of the cycle.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FailKey {
+    shape: GpuShape,
+    cpu: i64,
+    mem: i64,
+    replicas: u32,
+    models: Vec<GpuModel>,
+    clouds: Vec<Cloud>,
+    regions: Vec<String>,
+    spot: bool,
+}
+
+/// f64 ordered for the team heap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Share(f64);
+impl Eq for Share {}
+impl PartialOrd for Share {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Share {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+struct Cycle<'a> {
+    snap: &'a Snapshot,
+    policy: &'a dyn PackingPolicy,
+    cfg: &'a SchedulerConfig,
+    now: DateTime<Utc>,
+    state: State,
+    accounts: Accounts,
+    /// Running jobs by id: their team index and whether they are draining (or chosen as
+    /// victims this cycle).
+    running: HashMap<JobId, (usize, bool)>,
+    failed: HashSet<FailKey>,
+    seq: u64,
+    out: Decisions,
+}
+
+/// Runs one scheduling cycle.
+pub fn schedule(
+    snap: &Snapshot,
+    policy: &dyn PackingPolicy,
+    cfg: &SchedulerConfig,
+    now: DateTime<Utc>,
+) -> Decisions {
+    // 1. The working state: capacity minus what running jobs hold.
+    let mut state = State::new(&snap.nodes);
+    let mut gpu_capacity: HashMap<GpuModel, u64> = HashMap::new();
+    let mut cpu_capacity = 0;
+    for n in &snap.nodes {
+        if let Some(m) = n.gpu_model {
+            *gpu_capacity.entry(m).or_insert(0) +=
+                n.gpus.len() as u64 * u64::from(packing::GPU_MILLI);
+        }
+        cpu_capacity += n.cpu_milli;
+    }
+    // 2. Accounts.
+    let mut accounts = Accounts::new(&snap.teams, gpu_capacity, cpu_capacity);
+    let mut running = HashMap::new();
+    for job in &snap.running {
+        let team = accounts.team(&job.team);
+        running.insert(job.id, (team, job.draining));
+        for p in &job.placements {
+            let Some(&i) = state.by_id.get(&p.node) else {
+                continue;
+            };
+            let model = state.nodes[i as usize].model;
+            state.take(
+                i,
+                i64::from(job.shape.cpu_milli),
+                job.shape.memory_mib as i64,
+                &p.assigned,
+            );
+            accounts.charge(
+                team,
+                &job.shape.gpu,
+                model,
+                u64::from(job.shape.cpu_milli),
+                1,
+            );
+        }
+    }
+    state.index();
+
+    let mut cycle = Cycle {
+        snap,
+        policy,
+        cfg,
+        now,
+        state,
+        accounts,
+        running,
+        failed: HashSet::new(),
+        seq: 0,
+        out: Decisions::default(),
+    };
+
+    // 3. Per-team queues, best first: priority, requeued, then FIFO (ids are time-ordered).
+    let mut queues: Vec<Vec<&QueuedJob>> = vec![Vec::new(); cycle.accounts.teams.len()];
+    for job in &snap.queued {
+        let t = cycle.accounts.team(&job.team);
+        if queues.len() <= t {
+            queues.resize_with(t + 1, Vec::new);
+        }
+        queues[t].push(job);
+    }
+    for q in &mut queues {
+        q.sort_by_key(|j| (Reverse(j.priority), Reverse(j.requeued), j.id));
+        q.reverse(); // pop() takes from the back
+    }
+
+    // 4. Teams by weighted dominant share, smallest first; one job at a time.
+    let mut heap: BinaryHeap<Reverse<(Share, usize)>> = BinaryHeap::new();
+    for (t, q) in queues.iter().enumerate() {
+        if !q.is_empty() {
+            heap.push(Reverse((Share(cycle.accounts.dominant_share(t)), t)));
+        }
+    }
+    while let Some(Reverse((_, t))) = heap.pop() {
+        let Some(job) = queues[t].pop() else { continue };
+        cycle.try_job(t, job);
+        if !queues[t].is_empty() {
+            heap.push(Reverse((Share(cycle.accounts.dominant_share(t)), t)));
+        }
+    }
+    cycle.out
+}
+
+impl Cycle<'_> {
+    fn try_job(&mut self, team: usize, job: &QueuedJob) {
+        let shape = &job.shape.gpu;
+        let need = Need {
+            cpu: i64::from(job.shape.cpu_milli),
+            mem: job.shape.memory_mib as i64,
+        };
+        // a. Models the shape allows, then those the quota allows for the whole gang.
+        let mut models: Vec<GpuModel> = self
+            .state
+            .models()
+            .into_iter()
+            .filter(|m| shape.allows_model(*m) && want_on(shape, *m).is_some())
+            .collect();
+        let cpu_only = matches!(shape, GpuShape::Whole { gpus: 0, .. });
+        let before_quota = models.len();
+        models.retain(|m| match self.accounts.flavour(team, shape, Some(*m)) {
+            Some((res, amount)) => {
+                self.accounts
+                    .allows(team, res, amount * u64::from(job.replicas))
+            }
+            None => true,
+        });
+        if !cpu_only && models.is_empty() && before_quota > 0 {
+            // Over quota: only the team's own lower-priority work can make room.
+            let all: Vec<GpuModel> = self
+                .state
+                .models()
+                .into_iter()
+                .filter(|m| shape.allows_model(*m))
+                .collect();
+            if self.cfg.preemption && self.preempt(team, job, need, &all, true) {
+                return;
+            }
+            self.unmet(job, WaitReason::Quota);
+            return;
+        }
+        // b. Place the gang.
+        let key = FailKey {
+            shape: shape.clone(),
+            cpu: need.cpu,
+            mem: need.mem,
+            replicas: job.replicas,
+            models: models.clone(),
+            clouds: job.clouds.clone(),
+            regions: job.regions.clone(),
+            spot: job.spot,
+        };
+        if !self.failed.contains(&key) {
+            if let Some(placed) = self.place_gang(job, need, &models) {
+                let mut placements = Vec::with_capacity(placed.len());
+                for (r, (i, assigned)) in placed.into_iter().enumerate() {
+                    let node = &self.state.nodes[i as usize];
+                    self.accounts
+                        .charge(team, shape, node.model, need.cpu as u64, 1);
+                    placements.push(Placement {
+                        replica: r as u32,
+                        node: node.id,
+                        assigned,
+                    });
+                }
+                self.out.admissions.push(Admission {
+                    job: job.id,
+                    placements,
+                });
+                return;
+            }
+            self.failed.insert(key);
+        }
+        // c. Preemption.
+        if self.cfg.preemption && self.preempt(team, job, need, &models, false) {
+            return;
+        }
+        // d. MIG re-layout.
+        if self.cfg.dynamic_mig && self.repartition(job, need, &models) {
+            self.unmet(job, WaitReason::WaitingForRepartition);
+            return;
+        }
+        // e. Unmet.
+        self.unmet(job, WaitReason::NoCapacity);
+    }
+
+    fn unmet(&mut self, job: &QueuedJob, reason: WaitReason) {
+        self.out.unmet.push(Unmet {
+            job: job.id,
+            team: job.team.clone(),
+            replicas: job.replicas,
+            shape: job.shape.clone(),
+            clouds: job.clouds.clone(),
+            regions: job.regions.clone(),
+            spot: job.spot,
+            reason,
+        });
+    }
+
+    /// Places every replica or none; returns the node index and assignment per replica,
+    /// already taken in the state.
+    fn place_gang(
+        &mut self,
+        job: &QueuedJob,
+        need: Need,
+        models: &[GpuModel],
+    ) -> Option<Vec<(u32, Assigned)>> {
+        let mut filter = Filter {
+            clouds: &job.clouds,
+            regions: &job.regions,
+            spot: job.spot,
+            zone: None,
+        };
+        if job.replicas == 1 {
+            let one = self.place_one(&job.shape.gpu, need, models, &filter, None)?;
+            return Some(vec![one]);
+        }
+        // One node for the whole gang, when one has room.
+        if let Some(placed) = self.place_on_one_node(job, need, models, &filter) {
+            return Some(placed);
+        }
+        // Otherwise one zone, replicas kept together where they fit.
+        for zone in 0..self.state.zones.len() as u16 {
+            filter.zone = Some(zone);
+            let mut placed: Vec<(u32, Assigned)> = Vec::with_capacity(job.replicas as usize);
+            let mut ok = true;
+            for _ in 0..job.replicas {
+                let sticky = placed.last().map(|(i, _)| *i);
+                match self.place_one(&job.shape.gpu, need, models, &filter, sticky) {
+                    Some(p) => placed.push(p),
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                return Some(placed);
+            }
+            self.rollback(&placed, need);
+        }
+        None
+    }
+
+    fn rollback(&mut self, placed: &[(u32, Assigned)], need: Need) {
+        for (i, a) in placed.iter().rev() {
+            self.state.give(*i, need.cpu, need.mem, a);
+        }
+    }
+
+    /// Tries the best few nodes that might hold every replica at once.
+    fn place_on_one_node(
+        &mut self,
+        job: &QueuedJob,
+        need: Need,
+        models: &[GpuModel],
+        filter: &Filter<'_>,
+    ) -> Option<Vec<(u32, Assigned)>> {
+        let r = job.replicas;
+        let mut tried = 0;
+        for &model in models {
+            let Some(want) = want_on(&job.shape.gpu, model) else {
+                continue;
+            };
+            let scaled = match want {
+                Want::CpuOnly => Want::CpuOnly,
+                Want::Whole(k) => Want::Whole(k * r),
+                Want::Share(m) => Want::Share(m),
+                Want::Mig(c) => Want::Mig(c),
+            };
+            let nodes: Vec<u32> = if scaled == Want::CpuOnly {
+                self.state.cpu_candidates().collect()
+            } else {
+                self.state.candidates(model, scaled).collect()
+            };
+            for i in nodes {
+                let n = &self.state.nodes[i as usize];
+                if !filter.admits(n)
+                    || n.cpu_free < need.cpu * i64::from(r)
+                    || n.mem_free < need.mem * i64::from(r)
+                {
+                    continue;
+                }
+                tried += 1;
+                let mut placed = Vec::with_capacity(r as usize);
+                for _ in 0..r {
+                    match self.assign_on(i, &job.shape.gpu, model, need) {
+                        Some(a) => {
+                            self.state.take(i, need.cpu, need.mem, &a);
+                            placed.push((i, a));
+                        }
+                        None => break,
+                    }
+                }
+                if placed.len() == r as usize {
+                    return Some(placed);
+                }
+                self.rollback(&placed, need);
+                if tried >= self.cfg.candidates {
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// Places one replica on the best candidate node (trying `sticky` first) and takes it.
+    fn place_one(
+        &mut self,
+        shape: &GpuShape,
+        need: Need,
+        models: &[GpuModel],
+        filter: &Filter<'_>,
+        sticky: Option<u32>,
+    ) -> Option<(u32, Assigned)> {
+        if let Some(i) = sticky {
+            let model = self.state.nodes[i as usize].model;
+            if let Some(m) = model.filter(|m| models.contains(m)) {
+                if let Some(a) = self.assign_on(i, shape, m, need) {
+                    self.state.take(i, need.cpu, need.mem, &a);
+                    return Some((i, a));
+                }
+            } else if matches!(shape, GpuShape::Whole { gpus: 0, .. })
+                && self.state.fits(i, need.cpu, need.mem, &Assigned::CpuOnly)
+            {
+                self.state.take(i, need.cpu, need.mem, &Assigned::CpuOnly);
+                return Some((i, Assigned::CpuOnly));
+            }
+        }
+        if matches!(shape, GpuShape::Whole { gpus: 0, .. }) {
+            let i = self.state.cpu_candidates().find(|&i| {
+                let n = &self.state.nodes[i as usize];
+                filter.admits(n) && n.cpu_free >= need.cpu && n.mem_free >= need.mem
+            })?;
+            self.state.take(i, need.cpu, need.mem, &Assigned::CpuOnly);
+            return Some((i, Assigned::CpuOnly));
+        }
+        // Gather up to `candidates` feasible nodes over the allowed models, best fit first.
+        let mut cands: Vec<(u32, GpuModel)> = Vec::new();
+        for &model in models {
+            let Some(want) = want_on(shape, model) else {
+                continue;
+            };
+            let mut taken = 0;
+            for i in self.state.candidates(model, want) {
+                let n = &self.state.nodes[i as usize];
+                if !filter.admits(n) || n.cpu_free < need.cpu || n.mem_free < need.mem {
+                    continue;
+                }
+                let ok = match want {
+                    Want::Whole(k) => {
+                        n.plain.iter().filter(|&&l| l == packing::GPU_MILLI).count() >= k as usize
+                    }
+                    Want::Share(m) => n.plain.iter().any(|&l| l >= m),
+                    Want::Mig(c) => n
+                        .mig
+                        .iter()
+                        .flatten()
+                        .any(|g| !g.pending && g.idle_of(c).next().is_some()),
+                    Want::CpuOnly => true,
+                };
+                if ok {
+                    cands.push((i, model));
+                    taken += 1;
+                    if taken >= self.cfg.candidates {
+                        break;
+                    }
+                }
+            }
+        }
+        if cands.is_empty() {
+            return None;
+        }
+        let (i, assigned) = if let GpuShape::Mig { .. } = shape {
+            // MIG: the index already lists nodes with the fewest idle instances first.
+            let (i, m) = cands[0];
+            (i, self.assign_on(i, shape, m, need)?)
+        } else {
+            self.seq += 1;
+            let ctx = ScoreCtx {
+                seed: 0,
+                seq: self.seq,
+            };
+            let (gpus, milli) = match shape {
+                GpuShape::Whole { gpus, .. } => (*gpus, packing::GPU_MILLI),
+                GpuShape::Shared { gpu_milli, .. } => (1, (*gpu_milli).min(packing::GPU_MILLI)),
+                GpuShape::Mig { .. } => (0, 0),
+            };
+            let pod = PackPod {
+                cpu: need.cpu,
+                mem: need.mem,
+                num_gpu: gpus,
+                gpu_milli: milli,
+                models,
+            };
+            let nodes: Vec<PackNode<'_>> = cands
+                .iter()
+                .map(|&(i, m)| {
+                    let n = &self.state.nodes[i as usize];
+                    PackNode {
+                        cpu_left: n.cpu_free,
+                        cpu_cap: n.cpu_cap,
+                        mem_left: n.mem_free,
+                        model: Some(m),
+                        gpus: &n.plain,
+                        tiebreak: n.tiebreak,
+                    }
+                })
+                .collect();
+            let (k, choice) = packing::choose(self.policy, &nodes, &pod, &ctx)?;
+            let i = cands[k].0;
+            let assigned = match choice.devices {
+                Devices::Whole(d) => Assigned::Whole(d.into_iter().map(u32::from).collect()),
+                Devices::Share(d) => Assigned::Share {
+                    gpu: u32::from(d),
+                    milli,
+                },
+                Devices::None => Assigned::CpuOnly,
+            };
+            (i, assigned)
+        };
+        if !self.state.fits(i, need.cpu, need.mem, &assigned) {
+            return None;
+        }
+        self.state.take(i, need.cpu, need.mem, &assigned);
+        Some((i, assigned))
+    }
+
+    /// Which part of node `i` one replica would get (not taken yet): best fit on that node.
+    fn assign_on(&self, i: u32, shape: &GpuShape, model: GpuModel, need: Need) -> Option<Assigned> {
+        let n = &self.state.nodes[i as usize];
+        if n.cpu_free < need.cpu || n.mem_free < need.mem {
+            return None;
+        }
+        match want_on(shape, model)? {
+            Want::CpuOnly => Some(Assigned::CpuOnly),
+            Want::Whole(k) => packing::lowest_idle(&n.plain, k)
+                .map(|d| Assigned::Whole(d.into_iter().map(u32::from).collect())),
+            Want::Share(m) => packing::best_share(&n.plain, m).map(|g| Assigned::Share {
+                gpu: u32::from(g),
+                milli: m,
+            }),
+            Want::Mig(class) => {
+                // The GPU with the most instances in use (pack), then the lowest index.
+                let (gpu, inst) = n
+                    .mig
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(g, m)| m.as_ref().filter(|m| !m.pending).map(|m| (g, m)))
+                    .filter_map(|(g, m)| {
+                        m.idle_of(class)
+                            .next()
+                            .map(|inst| (g, inst, m.busy.count_ones()))
+                    })
+                    .max_by_key(|(g, _, busy)| (*busy, Reverse(*g)))
+                    .map(|(g, inst, _)| (g, inst))?;
+                Some(Assigned::Mig {
+                    gpu: gpu as u32,
+                    instance: inst,
+                })
+            }
+        }
+    }
+
+    /// Victim selection. Returns true when the job now waits for preemption (new victims were
+    /// chosen, or victims already draining will make room).
+    fn preempt(
+        &mut self,
+        team: usize,
+        job: &QueuedJob,
+        need: Need,
+        models: &[GpuModel],
+        quota_only: bool,
+    ) -> bool {
+        let snap = self.snap;
+        let draining: Vec<&RunningJob> = snap
+            .running
+            .iter()
+            .filter(|r| self.running.get(&r.id).is_some_and(|(_, d)| *d))
+            .collect();
+        // Room that victims already draining will free: wait for it rather than preempt more.
+        if !quota_only
+            && !draining.is_empty()
+            && self.fits_after_releasing(job, need, models, &draining)
+        {
+            self.unmet(job, WaitReason::WaitingForPreemption);
+            return true;
+        }
+        let shape = &job.shape.gpu;
+        let mut candidates: Vec<(&RunningJob, PreemptionReason)> = Vec::new();
+        for r in &snap.running {
+            let Some(&(owner, draining)) = self.running.get(&r.id) else {
+                continue;
+            };
+            if draining {
+                continue;
+            }
+            if owner == team && r.priority < job.priority {
+                candidates.push((r, PreemptionReason::Priority));
+            } else if owner != team && !quota_only {
+                let same_cohort = self.accounts.teams[team].cohort.is_some()
+                    && self.accounts.teams[team].cohort == self.accounts.teams[owner].cohort;
+                if !same_cohort {
+                    continue;
+                }
+                // Reclaim: the victim's team borrows a flavour this job needs, and the job
+                // fits within its own team's nominal quota.
+                let reclaimable = models.iter().any(|m| {
+                    let Some((res, amount)) = self.accounts.flavour(team, shape, Some(*m)) else {
+                        return false;
+                    };
+                    let theirs = self
+                        .accounts
+                        .flavour(owner, &r.shape.gpu, Some(*m))
+                        .map(|(res, _)| res);
+                    theirs == Some(res)
+                        && self.accounts.teams[owner].is_borrowing(res)
+                        && self
+                            .accounts
+                            .within_nominal(team, res, amount * u64::from(job.replicas))
+                });
+                if reclaimable {
+                    candidates.push((r, PreemptionReason::Reclaim));
+                }
+            }
+        }
+        if candidates.is_empty() {
+            return false;
+        }
+        // Cheapest first: least work lost (GPU-seconds since the last checkpoint), then lowest
+        // priority, then the newest job.
+        let now = self.now;
+        let cost = |r: &RunningJob| {
+            let secs = (now - r.progress_since).num_seconds().max(0) as u64;
+            u64::from(r.shape.gpu.gpu_milli()) * u64::from(r.placements.len() as u32) * secs
+        };
+        candidates.sort_by_key(|(r, _)| (cost(r), r.priority, Reverse(r.id)));
+
+        let mut released: Vec<(&RunningJob, PreemptionReason)> = Vec::new();
+        let mut fits = false;
+        for (victim, reason) in candidates {
+            if reason == PreemptionReason::Reclaim {
+                // Only what is still borrowed may be reclaimed.
+                let owner = self.running.get(&victim.id).map_or(team, |r| r.0);
+                let still = models.iter().any(|m| {
+                    self.accounts
+                        .flavour(owner, &victim.shape.gpu, Some(*m))
+                        .is_some_and(|(res, _)| self.accounts.teams[owner].is_borrowing(res))
+                });
+                if !still {
+                    continue;
+                }
+            }
+            self.release(victim);
+            released.push((victim, reason));
+            if self.fits_now(job, need, team, models) {
+                fits = true;
+                break;
+            }
+        }
+        if !fits {
+            for (v, _) in released.iter().rev() {
+                self.restore(v);
+            }
+            return false;
+        }
+        // Keep only the victims that are needed: put each back (latest-but-one first) and
+        // see whether the job still fits without preempting it.
+        let mut needed: Vec<(&RunningJob, PreemptionReason)> = Vec::new();
+        let last = released.pop();
+        for (v, reason) in released.into_iter().rev() {
+            self.restore(v);
+            if self.fits_now(job, need, team, models) {
+                continue;
+            }
+            self.release(v);
+            needed.push((v, reason));
+        }
+        if let Some(l) = last {
+            needed.push(l);
+        }
+        // The victims drain (checkpoint first); their capacity stays taken this cycle.
+        for (v, reason) in &needed {
+            self.restore(v);
+            if let Some(entry) = self.running.get_mut(&v.id) {
+                entry.1 = true;
+            }
+            self.out.preemptions.push(Preemption {
+                victim: v.id,
+                for_job: job.id,
+                reason: *reason,
+            });
+        }
+        self.unmet(job, WaitReason::WaitingForPreemption);
+        true
+    }
+
+    /// Whether the job would fit (quota and capacity) right now, without taking anything.
+    fn fits_now(&mut self, job: &QueuedJob, need: Need, team: usize, models: &[GpuModel]) -> bool {
+        let allowed: Vec<GpuModel> = models
+            .iter()
+            .copied()
+            .filter(
+                |m| match self.accounts.flavour(team, &job.shape.gpu, Some(*m)) {
+                    Some((res, amount)) => {
+                        self.accounts
+                            .allows(team, res, amount * u64::from(job.replicas))
+                    }
+                    None => true,
+                },
+            )
+            .collect();
+        if allowed.is_empty() {
+            return false;
+        }
+        match self.place_gang(job, need, &allowed) {
+            Some(placed) => {
+                self.rollback(&placed, need);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn fits_after_releasing(
+        &mut self,
+        job: &QueuedJob,
+        need: Need,
+        models: &[GpuModel],
+        jobs: &[&RunningJob],
+    ) -> bool {
+        for r in jobs {
+            self.release(r);
+        }
+        let fits = match self.place_gang(job, need, models) {
+            Some(placed) => {
+                self.rollback(&placed, need);
+                true
+            }
+            None => false,
+        };
+        for r in jobs.iter().rev() {
+            self.restore(r);
+        }
+        fits
+    }
+
+    fn release(&mut self, r: &RunningJob) {
+        let team = self.running.get(&r.id).map_or(0, |t| t.0);
+        for p in &r.placements {
+            let Some(&i) = self.state.by_id.get(&p.node) else {
+                continue;
+            };
+            self.state.give(
+                i,
+                i64::from(r.shape.cpu_milli),
+                r.shape.memory_mib as i64,
+                &p.assigned,
+            );
+            let model = self.state.nodes[i as usize].model;
+            self.accounts
+                .charge(team, &r.shape.gpu, model, u64::from(r.shape.cpu_milli), -1);
+        }
+    }
+
+    fn restore(&mut self, r: &RunningJob) {
+        let team = self.running.get(&r.id).map_or(0, |t| t.0);
+        for p in &r.placements {
+            let Some(&i) = self.state.by_id.get(&p.node) else {
+                continue;
+            };
+            self.state.take(
+                i,
+                i64::from(r.shape.cpu_milli),
+                r.shape.memory_mib as i64,
+                &p.assigned,
+            );
+            let model = self.state.nodes[i as usize].model;
+            self.accounts
+                .charge(team, &r.shape.gpu, model, u64::from(r.shape.cpu_milli), 1);
+        }
+    }
+
+    /// Re-lays idle GPUs so the job can fit next cycle: MIG instances for MIG jobs (keeping
+    /// every instance in use), whole GPUs back from idle MIG GPUs for other jobs. Returns
+    /// whether re-layouts were ordered for the whole gang.
+    fn repartition(&mut self, job: &QueuedJob, need: Need, models: &[GpuModel]) -> bool {
+        match &job.shape.gpu {
+            GpuShape::Mig { profile, .. } => {
+                for &model in models {
+                    let Some(class) = profile.class_on(model) else {
+                        continue;
+                    };
+                    if self.relayout_for_mig(job, need, model, class) {
+                        return true;
+                    }
+                }
+                false
+            }
+            GpuShape::Whole { gpus, .. } if *gpus > 0 => {
+                self.mig_off_for_whole(job, need, models, *gpus * job.replicas)
+            }
+            GpuShape::Shared { .. } => self.mig_off_for_whole(job, need, models, 1),
+            _ => false,
+        }
+    }
+
+    fn relayout_for_mig(
+        &mut self,
+        job: &QueuedJob,
+        need: Need,
+        model: GpuModel,
+        class: MigClass,
+    ) -> bool {
+        let filter = Filter {
+            clouds: &job.clouds,
+            regions: &job.regions,
+            spot: job.spot,
+            zone: None,
+        };
+        let nodes: Vec<u32> = self.state.candidates(model, Want::Whole(0)).collect();
+        // Per zone, so a gang lands in one zone.
+        for zone in 0..self.state.zones.len() as u16 {
+            let mut plan: Vec<(u32, u32, MigLayout, usize)> = Vec::new();
+            let mut covered = 0usize;
+            let mut cpu_left: HashMap<u32, (i64, i64)> = HashMap::new();
+            'nodes: for &i in &nodes {
+                let n = &self.state.nodes[i as usize];
+                if n.zone != zone || !filter.admits(n) {
+                    continue;
+                }
+                let (mut cpu, mut mem) = *cpu_left.entry(i).or_insert((n.cpu_free, n.mem_free));
+                for g in 0..n.plain.len() {
+                    if covered >= job.replicas as usize {
+                        break 'nodes;
+                    }
+                    let room = ((cpu / need.cpu.max(1)).min(mem / need.mem.max(1))).max(0) as usize;
+                    if room == 0 {
+                        continue 'nodes;
+                    }
+                    let base: Option<Vec<MigInstance>> = match &n.mig[g] {
+                        None if n.plain[g] == packing::GPU_MILLI
+                            && !n.plain_pending[g]
+                            && model.mig_capable() =>
+                        {
+                            Some(Vec::new())
+                        }
+                        Some(m) if !m.pending => Some(m.busy_instances()),
+                        _ => None,
+                    };
+                    let Some(base) = base else { continue };
+                    let Ok(mut layout) = MigLayout::new(base) else {
+                        continue;
+                    };
+                    let mut added = 0;
+                    while covered + added < job.replicas as usize && added < room {
+                        let Some(&start) = layout.free_starts(class).first() else {
+                            break;
+                        };
+                        if layout.add(MigInstance::new(class, start)).is_err() {
+                            break;
+                        }
+                        added += 1;
+                    }
+                    if added == 0 {
+                        continue;
+                    }
+                    // Keep the idle instances that still fit, so nothing is destroyed needlessly.
+                    if let Some(m) = &n.mig[g] {
+                        for inst in m.layout.instances() {
+                            if m.busy & (1 << inst.start) == 0 && !layout.instances().contains(inst)
+                            {
+                                let _ = layout.add(*inst);
+                            }
+                        }
+                    }
+                    cpu -= need.cpu * added as i64;
+                    mem -= need.mem * added as i64;
+                    cpu_left.insert(i, (cpu, mem));
+                    covered += added;
+                    plan.push((i, g as u32, layout, added));
+                }
+            }
+            if covered >= job.replicas as usize && !plan.is_empty() {
+                for (i, g, layout, _) in plan {
+                    let node = self.state.nodes[i as usize].id;
+                    let unchanged = self.state.nodes[i as usize].mig[g as usize]
+                        .as_ref()
+                        .is_some_and(|m| m.layout == layout);
+                    if unchanged {
+                        continue;
+                    }
+                    self.state.set_pending(i, g);
+                    self.out.repartitions.push(Repartition {
+                        node,
+                        gpu: g,
+                        layout: Some(layout),
+                    });
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Turns idle MIG GPUs of one node back into plain GPUs so `gpus` whole GPUs fit there.
+    fn mig_off_for_whole(
+        &mut self,
+        job: &QueuedJob,
+        need: Need,
+        models: &[GpuModel],
+        gpus: u32,
+    ) -> bool {
+        let filter = Filter {
+            clouds: &job.clouds,
+            regions: &job.regions,
+            spot: job.spot,
+            zone: None,
+        };
+        for &model in models {
+            let nodes: Vec<u32> = self.state.candidates(model, Want::Whole(0)).collect();
+            for i in nodes {
+                let n = &self.state.nodes[i as usize];
+                if !filter.admits(n)
+                    || n.cpu_free < need.cpu * i64::from(job.replicas)
+                    || n.mem_free < need.mem * i64::from(job.replicas)
+                {
+                    continue;
+                }
+                let idle_plain =
+                    n.plain.iter().filter(|&&l| l == packing::GPU_MILLI).count() as u32;
+                let convertible: Vec<u32> = n
+                    .mig
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| m.as_ref().is_some_and(|m| m.busy == 0 && !m.pending))
+                    .map(|(g, _)| g as u32)
+                    .collect();
+                if idle_plain >= gpus || idle_plain + (convertible.len() as u32) < gpus {
+                    continue;
+                }
+                let id = n.id;
+                for &g in convertible.iter().take((gpus - idle_plain) as usize) {
+                    self.state.set_pending(i, g);
+                    self.out.repartitions.push(Repartition {
+                        node: id,
+                        gpu: g,
+                        layout: None,
+                    });
+                }
+                return true;
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests;
