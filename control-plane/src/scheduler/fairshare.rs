@@ -24,6 +24,7 @@ pub struct TeamAccount {
     pub name: TeamName,
     pub weight: f64,
     pub cohort: Option<String>,
+    cohort_id: Option<usize>,
     quotas: BTreeMap<QuotaResource, Quota>,
     usage: HashMap<QuotaResource, Amount>,
     gpu_milli: HashMap<GpuModel, u64>,
@@ -81,6 +82,10 @@ pub struct Accounts {
     by_name: HashMap<TeamName, usize>,
     gpu_capacity: HashMap<GpuModel, u64>,
     cpu_capacity: u64,
+    /// Per (cohort, flavour): what the members lend in all, and what they borrow in all,
+    /// kept current by `charge` so that `headroom` is O(1).
+    cohort_totals: HashMap<(usize, QuotaResource), (Amount, Amount)>,
+    cohorts: Vec<String>,
 }
 
 impl Accounts {
@@ -94,6 +99,8 @@ impl Accounts {
             by_name: HashMap::new(),
             gpu_capacity,
             cpu_capacity,
+            cohort_totals: HashMap::new(),
+            cohorts: Vec::new(),
         };
         for t in teams {
             a.add(t.name.clone(), t.weight, t.cohort.clone(), t.quotas.clone());
@@ -110,6 +117,24 @@ impl Accounts {
     ) -> usize {
         let i = self.teams.len();
         self.by_name.insert(name.clone(), i);
+        let cohort_id = cohort
+            .as_ref()
+            .map(|c| match self.cohorts.iter().position(|x| x == c) {
+                Some(id) => id,
+                None => {
+                    self.cohorts.push(c.clone());
+                    self.cohorts.len() - 1
+                }
+            });
+        if let Some(c) = cohort_id {
+            for (res, q) in &quotas {
+                let lend = TeamAccount::scale(
+                    *res,
+                    q.lending_limit.map_or(q.nominal, |l| l.min(q.nominal)),
+                );
+                self.cohort_totals.entry((c, *res)).or_insert((0, 0)).0 += lend;
+            }
+        }
         self.teams.push(TeamAccount {
             name,
             weight: if weight.is_finite() && weight > 0.0 {
@@ -118,6 +143,7 @@ impl Accounts {
                 1.0
             },
             cohort,
+            cohort_id,
             quotas,
             usage: HashMap::new(),
             gpu_milli: HashMap::new(),
@@ -163,17 +189,17 @@ impl Accounts {
             return None;
         }
         let own = t.nominal(res).saturating_sub(t.usage(res));
-        let Some(cohort) = &t.cohort else {
+        let Some(cohort) = t.cohort_id else {
             return Some(own);
         };
-        let (mut lent, mut borrowed_by_others) = (0u64, 0u64);
-        for (i, m) in self.teams.iter().enumerate() {
-            if i != team && m.cohort.as_ref() == Some(cohort) {
-                lent += m.lendable(res);
-                borrowed_by_others += m.borrowed(res);
-            }
-        }
-        let pool = lent.saturating_sub(borrowed_by_others);
+        let (lent, borrowed) = self
+            .cohort_totals
+            .get(&(cohort, res))
+            .copied()
+            .unwrap_or((0, 0));
+        let pool = lent
+            .saturating_sub(t.lendable(res))
+            .saturating_sub(borrowed.saturating_sub(t.borrowed(res)));
         let may_borrow = match t.quotas.get(&res).and_then(|q| q.borrowing_limit) {
             Some(limit) => TeamAccount::scale(res, limit).saturating_sub(t.borrowed(res)),
             None => Amount::MAX,
@@ -203,7 +229,6 @@ impl Accounts {
         sign: i8,
     ) {
         let flavour = self.flavour(team, shape, model);
-        let t = &mut self.teams[team];
         let apply = |v: &mut u64, a: u64| {
             if sign >= 0 {
                 *v += a;
@@ -212,8 +237,18 @@ impl Accounts {
             }
         };
         if let Some((res, amount)) = flavour {
-            apply(t.usage.entry(res).or_insert(0), amount);
+            let t = &self.teams[team];
+            let before = (t.lendable(res), t.borrowed(res));
+            apply(self.teams[team].usage.entry(res).or_insert(0), amount);
+            let t = &self.teams[team];
+            let after = (t.lendable(res), t.borrowed(res));
+            if let Some(c) = t.cohort_id {
+                let totals = self.cohort_totals.entry((c, res)).or_insert((0, 0));
+                totals.0 = (totals.0 + after.0).saturating_sub(before.0);
+                totals.1 = (totals.1 + after.1).saturating_sub(before.1);
+            }
         }
+        let t = &mut self.teams[team];
         if let Some(m) = model {
             apply(
                 t.gpu_milli.entry(m).or_insert(0),

@@ -30,7 +30,7 @@ pub mod snapshot;
 pub mod state;
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
 
 use chrono::{DateTime, Utc};
 use spotplane_core::mig::MigClass;
@@ -104,13 +104,40 @@ fn want_on(shape: &GpuShape, model: GpuModel) -> Option<Want> {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct FailKey {
     shape: GpuShape,
-    cpu: i64,
-    mem: i64,
     replicas: u32,
     models: Vec<GpuModel>,
     clouds: Vec<Cloud>,
     regions: Vec<String>,
     spot: bool,
+}
+
+/// Failed attempts of the cycle. Within a cycle capacity only shrinks, so a request that
+/// failed with (cpu, mem) fails again with as much or more of both: a failure dominates.
+#[derive(Debug)]
+struct FailMemo<K> {
+    failed: HashMap<K, Vec<(i64, i64)>>,
+}
+
+impl<K> Default for FailMemo<K> {
+    fn default() -> Self {
+        FailMemo {
+            failed: HashMap::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> FailMemo<K> {
+    fn has_failed(&self, key: &K, need: Need) -> bool {
+        self.failed
+            .get(key)
+            .is_some_and(|v| v.iter().any(|&(c, m)| need.cpu >= c && need.mem >= m))
+    }
+
+    fn record(&mut self, key: K, need: Need) {
+        let v = self.failed.entry(key).or_default();
+        v.retain(|&(c, m)| !(c >= need.cpu && m >= need.mem));
+        v.push((need.cpu, need.mem));
+    }
 }
 
 /// f64 ordered for the team heap.
@@ -138,7 +165,13 @@ struct Cycle<'a> {
     /// Running jobs by id: their team index and whether they are draining (or chosen as
     /// victims this cycle).
     running: HashMap<JobId, (usize, bool)>,
-    failed: HashSet<FailKey>,
+    failed: FailMemo<FailKey>,
+    /// Re-layouts that found nothing, and preemptions that found no victims, this cycle.
+    failed_relayout: FailMemo<FailKey>,
+    failed_preempt: FailMemo<(usize, i32, FailKey)>,
+    /// GPU models present, and the running jobs of each team (indexes into the snapshot).
+    models: Vec<GpuModel>,
+    by_team: Vec<Vec<usize>>,
     seq: u64,
     out: Decisions,
 }
@@ -188,6 +221,16 @@ pub fn schedule(
         }
     }
     state.index();
+    let models = state.models();
+    let mut by_team: Vec<Vec<usize>> = vec![Vec::new(); accounts.teams.len()];
+    for (k, job) in snap.running.iter().enumerate() {
+        if let Some(&(t, _)) = running.get(&job.id) {
+            if by_team.len() <= t {
+                by_team.resize_with(t + 1, Vec::new);
+            }
+            by_team[t].push(k);
+        }
+    }
 
     let mut cycle = Cycle {
         snap,
@@ -197,7 +240,11 @@ pub fn schedule(
         state,
         accounts,
         running,
-        failed: HashSet::new(),
+        failed: FailMemo::default(),
+        failed_relayout: FailMemo::default(),
+        failed_preempt: FailMemo::default(),
+        models,
+        by_team,
         seq: 0,
         out: Decisions::default(),
     };
@@ -242,9 +289,9 @@ impl Cycle<'_> {
         };
         // a. Models the shape allows, then those the quota allows for the whole gang.
         let mut models: Vec<GpuModel> = self
-            .state
-            .models()
-            .into_iter()
+            .models
+            .iter()
+            .copied()
             .filter(|m| shape.allows_model(*m) && want_on(shape, *m).is_some())
             .collect();
         let cpu_only = matches!(shape, GpuShape::Whole { gpus: 0, .. });
@@ -273,15 +320,23 @@ impl Cycle<'_> {
         // b. Place the gang.
         let key = FailKey {
             shape: shape.clone(),
-            cpu: need.cpu,
-            mem: need.mem,
             replicas: job.replicas,
             models: models.clone(),
             clouds: job.clouds.clone(),
             regions: job.regions.clone(),
             spot: job.spot,
         };
-        if !self.failed.contains(&key) {
+        // A constant-time bound first: if the GPUs of every allowed model together cannot
+        // take the gang, no scan is needed, and no CPU or memory figure changes that.
+        let slots: u64 = models
+            .iter()
+            .filter_map(|m| want_on(shape, *m).map(|w| self.state.slots(*m, w)))
+            .fold(0u64, u64::saturating_add);
+        let gpu_possible = cpu_only || slots >= u64::from(job.replicas);
+        if !gpu_possible {
+            self.failed.record(key.clone(), Need { cpu: 0, mem: 0 });
+        }
+        if gpu_possible && !self.failed.has_failed(&key, need) {
             if let Some(placed) = self.place_gang(job, need, &models) {
                 let mut placements = Vec::with_capacity(placed.len());
                 for (r, (i, assigned)) in placed.into_iter().enumerate() {
@@ -300,16 +355,26 @@ impl Cycle<'_> {
                 });
                 return;
             }
-            self.failed.insert(key);
+            self.failed.record(key.clone(), need);
         }
         // c. Preemption.
-        if self.cfg.preemption && self.preempt(team, job, need, &models, false) {
-            return;
+        let preempt_key = (team, job.priority, key.clone());
+        if self.cfg.preemption && !self.failed_preempt.has_failed(&preempt_key, need) {
+            if self.preempt(team, job, need, &models, false) {
+                return;
+            }
+            self.failed_preempt.record(preempt_key, need);
         }
         // d. MIG re-layout.
-        if self.cfg.dynamic_mig && self.repartition(job, need, &models) {
-            self.unmet(job, WaitReason::WaitingForRepartition);
-            return;
+        if self.cfg.dynamic_mig && !self.failed_relayout.has_failed(&key, need) {
+            match self.repartition(job, need, &models) {
+                Relayout::Ordered => {
+                    self.unmet(job, WaitReason::WaitingForRepartition);
+                    return;
+                }
+                Relayout::NoRoom => self.failed_relayout.record(key, need),
+                Relayout::NoGpu => self.failed_relayout.record(key, Need { cpu: 0, mem: 0 }),
+            }
         }
         // e. Unmet.
         self.unmet(job, WaitReason::NoCapacity);
@@ -318,12 +383,6 @@ impl Cycle<'_> {
     fn unmet(&mut self, job: &QueuedJob, reason: WaitReason) {
         self.out.unmet.push(Unmet {
             job: job.id,
-            team: job.team.clone(),
-            replicas: job.replicas,
-            shape: job.shape.clone(),
-            clouds: job.clouds.clone(),
-            regions: job.regions.clone(),
-            spot: job.spot,
             reason,
         });
     }
@@ -604,9 +663,11 @@ impl Cycle<'_> {
         quota_only: bool,
     ) -> bool {
         let snap = self.snap;
-        let draining: Vec<&RunningJob> = snap
-            .running
+        let draining: Vec<&RunningJob> = self
+            .by_team
             .iter()
+            .flatten()
+            .map(|&k| &snap.running[k])
             .filter(|r| self.running.get(&r.id).is_some_and(|(_, d)| *d))
             .collect();
         // Room that victims already draining will free: wait for it rather than preempt more.
@@ -619,39 +680,57 @@ impl Cycle<'_> {
         }
         let shape = &job.shape.gpu;
         let mut candidates: Vec<(&RunningJob, PreemptionReason)> = Vec::new();
-        for r in &snap.running {
-            let Some(&(owner, draining)) = self.running.get(&r.id) else {
-                continue;
-            };
-            if draining {
+        let cohort = self.accounts.teams[team].cohort.clone();
+        for (owner_team, jobs) in self.by_team.iter().enumerate() {
+            let relevant = owner_team == team
+                || (!quota_only
+                    && cohort.is_some()
+                    && self
+                        .accounts
+                        .teams
+                        .get(owner_team)
+                        .is_some_and(|t| t.cohort == cohort));
+            if !relevant {
                 continue;
             }
-            if owner == team && r.priority < job.priority {
-                candidates.push((r, PreemptionReason::Priority));
-            } else if owner != team && !quota_only {
-                let same_cohort = self.accounts.teams[team].cohort.is_some()
-                    && self.accounts.teams[team].cohort == self.accounts.teams[owner].cohort;
-                if !same_cohort {
+            for &k in jobs {
+                let r = &snap.running[k];
+                let Some(&(owner, draining)) = self.running.get(&r.id) else {
+                    continue;
+                };
+                if draining {
                     continue;
                 }
-                // Reclaim: the victim's team borrows a flavour this job needs, and the job
-                // fits within its own team's nominal quota.
-                let reclaimable = models.iter().any(|m| {
-                    let Some((res, amount)) = self.accounts.flavour(team, shape, Some(*m)) else {
-                        return false;
-                    };
-                    let theirs = self
-                        .accounts
-                        .flavour(owner, &r.shape.gpu, Some(*m))
-                        .map(|(res, _)| res);
-                    theirs == Some(res)
-                        && self.accounts.teams[owner].is_borrowing(res)
-                        && self
+                if owner == team && r.priority < job.priority {
+                    candidates.push((r, PreemptionReason::Priority));
+                } else if owner != team && !quota_only {
+                    let same_cohort = self.accounts.teams[team].cohort.is_some()
+                        && self.accounts.teams[team].cohort == self.accounts.teams[owner].cohort;
+                    if !same_cohort {
+                        continue;
+                    }
+                    // Reclaim: the victim's team borrows a flavour this job needs, and the job
+                    // fits within its own team's nominal quota.
+                    let reclaimable = models.iter().any(|m| {
+                        let Some((res, amount)) = self.accounts.flavour(team, shape, Some(*m))
+                        else {
+                            return false;
+                        };
+                        let theirs = self
                             .accounts
-                            .within_nominal(team, res, amount * u64::from(job.replicas))
-                });
-                if reclaimable {
-                    candidates.push((r, PreemptionReason::Reclaim));
+                            .flavour(owner, &r.shape.gpu, Some(*m))
+                            .map(|(res, _)| res);
+                        theirs == Some(res)
+                            && self.accounts.teams[owner].is_borrowing(res)
+                            && self.accounts.within_nominal(
+                                team,
+                                res,
+                                amount * u64::from(job.replicas),
+                            )
+                    });
+                    if reclaimable {
+                        candidates.push((r, PreemptionReason::Reclaim));
+                    }
                 }
             }
         }
@@ -813,27 +892,53 @@ impl Cycle<'_> {
     }
 
     /// Re-lays idle GPUs so the job can fit next cycle: MIG instances for MIG jobs (keeping
-    /// every instance in use), whole GPUs back from idle MIG GPUs for other jobs. Returns
-    /// whether re-layouts were ordered for the whole gang.
-    fn repartition(&mut self, job: &QueuedJob, need: Need, models: &[GpuModel]) -> bool {
+    /// every instance in use), whole GPUs back from idle MIG GPUs for other jobs.
+    fn repartition(&mut self, job: &QueuedJob, need: Need, models: &[GpuModel]) -> Relayout {
         match &job.shape.gpu {
             GpuShape::Mig { profile, .. } => {
+                let mut outcome = Relayout::NoGpu;
                 for &model in models {
                     let Some(class) = profile.class_on(model) else {
                         continue;
                     };
-                    if self.relayout_for_mig(job, need, model, class) {
-                        return true;
+                    match self.relayout_for_mig(job, need, model, class) {
+                        Relayout::Ordered => return Relayout::Ordered,
+                        Relayout::NoRoom => outcome = Relayout::NoRoom,
+                        Relayout::NoGpu => {}
                     }
                 }
-                false
+                outcome
             }
             GpuShape::Whole { gpus, .. } if *gpus > 0 => {
                 self.mig_off_for_whole(job, need, models, *gpus * job.replicas)
             }
             GpuShape::Shared { .. } => self.mig_off_for_whole(job, need, models, 1),
-            _ => false,
+            _ => Relayout::NoGpu,
         }
+    }
+
+    /// The GPUs of `node` that could take new `class` instances: idle plain GPUs of a MIG
+    /// model (MIG turned on), or MIG GPUs, keeping the instances in use. Each with the layout
+    /// to start from.
+    fn relayout_bases(&self, i: u32, model: GpuModel) -> Vec<(usize, MigLayout)> {
+        let n = &self.state.nodes[i as usize];
+        let mut out = Vec::new();
+        for g in 0..n.plain.len() {
+            let base = match &n.mig[g] {
+                None if model.mig_capable()
+                    && n.plain[g] == packing::GPU_MILLI
+                    && !n.plain_pending[g] =>
+                {
+                    Some(Vec::new())
+                }
+                Some(m) if !m.pending => Some(m.busy_instances()),
+                _ => None,
+            };
+            if let Some(Ok(layout)) = base.map(MigLayout::new) {
+                out.push((g, layout));
+            }
+        }
+        out
     }
 
     fn relayout_for_mig(
@@ -842,49 +947,58 @@ impl Cycle<'_> {
         need: Need,
         model: GpuModel,
         class: MigClass,
-    ) -> bool {
+    ) -> Relayout {
         let filter = Filter {
             clouds: &job.clouds,
             regions: &job.regions,
             spot: job.spot,
             zone: None,
         };
-        let nodes: Vec<u32> = self.state.candidates(model, Want::Whole(0)).collect();
+        // Nodes with an idle plain GPU (MIG can be turned on) or with MIG GPUs.
+        // Nodes with MIG room first; then nodes with an idle plain GPU not already listed.
+        let mut nodes: Vec<u32> = self.state.mig_room_nodes(model).collect();
+        if model.mig_capable() {
+            let state = &self.state;
+            nodes.extend(
+                state
+                    .candidates(model, Want::Whole(1))
+                    .filter(|&i| !state.has_mig_room(i)),
+            );
+        }
+        let mut any_gpu = false;
         // Per zone, so a gang lands in one zone.
         for zone in 0..self.state.zones.len() as u16 {
-            let mut plan: Vec<(u32, u32, MigLayout, usize)> = Vec::new();
+            let mut plan: Vec<(u32, u32, MigLayout)> = Vec::new();
             let mut covered = 0usize;
-            let mut cpu_left: HashMap<u32, (i64, i64)> = HashMap::new();
-            'nodes: for &i in &nodes {
+            for &i in &nodes {
+                if covered >= job.replicas as usize {
+                    break;
+                }
                 let n = &self.state.nodes[i as usize];
                 if n.zone != zone || !filter.admits(n) {
                     continue;
                 }
-                let (mut cpu, mut mem) = *cpu_left.entry(i).or_insert((n.cpu_free, n.mem_free));
-                for g in 0..n.plain.len() {
-                    if covered >= job.replicas as usize {
-                        break 'nodes;
-                    }
-                    let room = ((cpu / need.cpu.max(1)).min(mem / need.mem.max(1))).max(0) as usize;
-                    if room == 0 {
-                        continue 'nodes;
-                    }
-                    let base: Option<Vec<MigInstance>> = match &n.mig[g] {
-                        None if n.plain[g] == packing::GPU_MILLI
-                            && !n.plain_pending[g]
-                            && model.mig_capable() =>
-                        {
-                            Some(Vec::new())
-                        }
-                        Some(m) if !m.pending => Some(m.busy_instances()),
-                        _ => None,
-                    };
-                    let Some(base) = base else { continue };
-                    let Ok(mut layout) = MigLayout::new(base) else {
+                let (mut cpu, mut mem) = (n.cpu_free, n.mem_free);
+                let old: Vec<Option<MigLayout>> = n
+                    .mig
+                    .iter()
+                    .map(|m| m.as_ref().map(|m| m.layout.clone()))
+                    .collect();
+                let busy: Vec<u8> = n
+                    .mig
+                    .iter()
+                    .map(|m| m.as_ref().map_or(0, |m| m.busy))
+                    .collect();
+                for (g, mut layout) in self.relayout_bases(i, model) {
+                    if layout.free_starts(class).is_empty() {
                         continue;
-                    };
+                    }
+                    any_gpu = true;
                     let mut added = 0;
-                    while covered + added < job.replicas as usize && added < room {
+                    while covered + added < job.replicas as usize
+                        && cpu >= need.cpu
+                        && mem >= need.mem
+                    {
                         let Some(&start) = layout.free_starts(class).first() else {
                             break;
                         };
@@ -892,28 +1006,31 @@ impl Cycle<'_> {
                             break;
                         }
                         added += 1;
+                        cpu -= need.cpu;
+                        mem -= need.mem;
                     }
                     if added == 0 {
                         continue;
                     }
                     // Keep the idle instances that still fit, so nothing is destroyed needlessly.
-                    if let Some(m) = &n.mig[g] {
-                        for inst in m.layout.instances() {
-                            if m.busy & (1 << inst.start) == 0 && !layout.instances().contains(inst)
+                    if let Some(prev) = &old[g] {
+                        for inst in prev.instances() {
+                            if busy[g] & (1 << inst.start) == 0
+                                && !layout.instances().contains(inst)
                             {
                                 let _ = layout.add(*inst);
                             }
                         }
                     }
-                    cpu -= need.cpu * added as i64;
-                    mem -= need.mem * added as i64;
-                    cpu_left.insert(i, (cpu, mem));
                     covered += added;
-                    plan.push((i, g as u32, layout, added));
+                    plan.push((i, g as u32, layout));
+                    if covered >= job.replicas as usize {
+                        break;
+                    }
                 }
             }
             if covered >= job.replicas as usize && !plan.is_empty() {
-                for (i, g, layout, _) in plan {
+                for (i, g, layout) in plan {
                     let node = self.state.nodes[i as usize].id;
                     let unchanged = self.state.nodes[i as usize].mig[g as usize]
                         .as_ref()
@@ -928,10 +1045,14 @@ impl Cycle<'_> {
                         layout: Some(layout),
                     });
                 }
-                return true;
+                return Relayout::Ordered;
             }
         }
-        false
+        if any_gpu {
+            Relayout::NoRoom
+        } else {
+            Relayout::NoGpu
+        }
     }
 
     /// Turns idle MIG GPUs of one node back into plain GPUs so `gpus` whole GPUs fit there.
@@ -941,21 +1062,19 @@ impl Cycle<'_> {
         need: Need,
         models: &[GpuModel],
         gpus: u32,
-    ) -> bool {
+    ) -> Relayout {
         let filter = Filter {
             clouds: &job.clouds,
             regions: &job.regions,
             spot: job.spot,
             zone: None,
         };
+        let mut any_gpu = false;
         for &model in models {
-            let nodes: Vec<u32> = self.state.candidates(model, Want::Whole(0)).collect();
+            let nodes: Vec<u32> = self.state.mig_idle_nodes(model).collect();
             for i in nodes {
                 let n = &self.state.nodes[i as usize];
-                if !filter.admits(n)
-                    || n.cpu_free < need.cpu * i64::from(job.replicas)
-                    || n.mem_free < need.mem * i64::from(job.replicas)
-                {
+                if !filter.admits(n) {
                     continue;
                 }
                 let idle_plain =
@@ -970,6 +1089,12 @@ impl Cycle<'_> {
                 if idle_plain >= gpus || idle_plain + (convertible.len() as u32) < gpus {
                     continue;
                 }
+                any_gpu = true;
+                if n.cpu_free < need.cpu * i64::from(job.replicas)
+                    || n.mem_free < need.mem * i64::from(job.replicas)
+                {
+                    continue;
+                }
                 let id = n.id;
                 for &g in convertible.iter().take((gpus - idle_plain) as usize) {
                     self.state.set_pending(i, g);
@@ -979,11 +1104,25 @@ impl Cycle<'_> {
                         layout: None,
                     });
                 }
-                return true;
+                return Relayout::Ordered;
             }
         }
-        false
+        if any_gpu {
+            Relayout::NoRoom
+        } else {
+            Relayout::NoGpu
+        }
     }
+}
+
+/// What a re-layout attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Relayout {
+    Ordered,
+    /// GPUs could be re-laid but CPU or memory is short.
+    NoRoom,
+    /// No GPU could be re-laid for this request, whatever its CPU and memory.
+    NoGpu,
 }
 
 #[cfg(test)]

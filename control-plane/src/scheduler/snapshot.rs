@@ -146,16 +146,10 @@ pub struct Repartition {
     pub layout: Option<MigLayout>,
 }
 
-/// Why a job is still waiting, and what would let it run.
-#[derive(Debug, Clone, PartialEq)]
+/// Why a queued job is still waiting (its shape and constraints are in the snapshot).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Unmet {
     pub job: JobId,
-    pub team: TeamName,
-    pub replicas: u32,
-    pub shape: ResourceShape,
-    pub clouds: Vec<Cloud>,
-    pub regions: Vec<String>,
-    pub spot: bool,
     pub reason: WaitReason,
 }
 

@@ -17,14 +17,19 @@ use super::snapshot::{Assigned, GpuSnap, NodeSnap};
 
 /// Buckets of the share index are this many milli wide.
 const SHARE_BUCKET: u32 = 50;
-/// Index slots per node: whole, share, then one per MIG class.
-const SLOTS: usize = 2 + MigClass::ALL.len();
+/// Index slots per node: whole, share, idle MIG GPUs, MIG GPUs with room, then one per MIG
+/// class.
+const SLOTS: usize = 4 + MigClass::ALL.len();
 const WHOLE: usize = 0;
 const SHARE: usize = 1;
+/// MIG GPUs with no instance in use (they can be turned back into plain GPUs).
+const MIG_IDLE: usize = 2;
+/// MIG GPUs whose instances in use leave memory slices free (a re-layout can add instances).
+const MIG_ROOM: usize = 3;
 const ABSENT: u32 = u32::MAX;
 
 fn mig_slot(class: MigClass) -> usize {
-    2 + MigClass::ALL.iter().position(|c| *c == class).unwrap_or(0)
+    4 + MigClass::ALL.iter().position(|c| *c == class).unwrap_or(0)
 }
 
 /// One GPU in MIG mode: its instances and which of them (by start slice) are in use.
@@ -186,6 +191,19 @@ impl State {
         keys[WHOLE] = Some(idle);
         let max_left = node.plain.iter().copied().max().unwrap_or(0);
         keys[SHARE] = Some((max_left / SHARE_BUCKET) as usize);
+        let live = || node.mig.iter().flatten().filter(|g| !g.pending);
+        keys[MIG_IDLE] = Some(live().filter(|g| g.busy == 0).count());
+        keys[MIG_ROOM] = Some(
+            live()
+                .filter(|g| {
+                    g.busy_instances()
+                        .iter()
+                        .map(|i| u32::from(i.class.memory_slices()))
+                        .sum::<u32>()
+                        < 8
+                })
+                .count(),
+        );
         for class in MigClass::ALL {
             let n = node
                 .mig
@@ -240,6 +258,75 @@ impl State {
             Want::Share(m) => (SHARE, (m / SHARE_BUCKET) as usize),
             Want::Mig(c) => (mig_slot(c), 1),
         };
+        self.indexes
+            .get(&(model, slot))
+            .into_iter()
+            .flat_map(move |idx| idx.buckets.iter().skip(from).flatten().copied())
+    }
+
+    /// Whether any node of `model` has the GPU capacity `want` asks for (ignoring CPU, memory
+    /// and constraints): a constant-time check before any scan.
+    pub fn has_any(&self, model: GpuModel, want: Want) -> bool {
+        let (slot, from) = match want {
+            Want::CpuOnly => return !self.cpu_nodes.is_empty(),
+            Want::Whole(k) => (WHOLE, k as usize),
+            Want::Share(m) => (SHARE, (m / SHARE_BUCKET) as usize),
+            Want::Mig(c) => (mig_slot(c), 1),
+        };
+        self.indexes
+            .get(&(model, slot))
+            .is_some_and(|idx| idx.buckets.iter().skip(from).any(|b| !b.is_empty()))
+    }
+
+    /// An upper bound on how many replicas wanting `want` the GPUs of `model` could take
+    /// (ignoring CPU, memory and constraints), in O(buckets): lets a gang that cannot fit
+    /// fail without a scan.
+    pub fn slots(&self, model: GpuModel, want: Want) -> u64 {
+        let (slot, from) = match want {
+            Want::CpuOnly => return u64::MAX,
+            Want::Whole(0) => return u64::MAX,
+            Want::Whole(k) => (WHOLE, k as usize),
+            Want::Share(m) => (SHARE, (m / SHARE_BUCKET) as usize),
+            Want::Mig(c) => (mig_slot(c), 1),
+        };
+        let Some(idx) = self.indexes.get(&(model, slot)) else {
+            return 0;
+        };
+        let mut total = 0u64;
+        for (b, nodes) in idx.buckets.iter().enumerate().skip(from) {
+            let per_node = match want {
+                Want::Whole(k) => (b / k as usize) as u64,
+                Want::Mig(_) => b as u64,
+                // A node's GPUs could each hold several shares: no useful bound.
+                _ => u64::MAX / 1024,
+            };
+            total = total.saturating_add(per_node.saturating_mul(nodes.len() as u64));
+        }
+        total
+    }
+
+    /// Nodes of `model` with MIG GPUs that have no instance in use, fewest first.
+    pub fn mig_idle_nodes(&self, model: GpuModel) -> impl Iterator<Item = u32> + '_ {
+        self.slot_from(model, MIG_IDLE, 1)
+    }
+
+    /// Nodes of `model` with MIG GPUs a re-layout could add instances to, fewest first.
+    pub fn mig_room_nodes(&self, model: GpuModel) -> impl Iterator<Item = u32> + '_ {
+        self.slot_from(model, MIG_ROOM, 1)
+    }
+
+    /// Whether node `i` is listed by [`State::mig_room_nodes`].
+    pub fn has_mig_room(&self, i: u32) -> bool {
+        let (bucket, _) = self.nodes[i as usize].pos[MIG_ROOM];
+        bucket != ABSENT && bucket >= 1
+    }
+
+    fn slot_from(
+        &self,
+        model: GpuModel,
+        slot: usize,
+        from: usize,
+    ) -> impl Iterator<Item = u32> + '_ {
         self.indexes
             .get(&(model, slot))
             .into_iter()
