@@ -215,7 +215,7 @@ pub fn run(spec: &PackSpec, mut emit: impl FnMut(Experiment)) -> Result<(), Pack
                 seed,
                 gpu_alloc_pct: Columns(columns),
                 elapsed_ms: (elapsed * 10.0).round() / 10.0,
-                failed: out.failed,
+                failed: out.failed.len(),
             });
         }
     }

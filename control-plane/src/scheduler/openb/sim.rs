@@ -22,10 +22,23 @@ use crate::scheduler::packing::{
 pub struct RunOutcome {
     /// One per pod, failed pods included.
     pub events: Vec<Event>,
-    /// Pods no node could take.
-    pub failed: usize,
+    /// Where each pod went (index into the workload's nodes), in arrival order.
+    pub placed: Vec<Option<usize>>,
+    /// Pods no node could take, by index into the workload's arrival order.
+    pub failed: Vec<usize>,
     /// GPUs in the cluster.
     pub total_gpus: i64,
+    /// Each node's state after the last pod, in the workload's node order.
+    pub nodes: Vec<NodeState>,
+}
+
+/// A node's resources left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeState {
+    pub cpu_left: i64,
+    pub mem_left: i64,
+    /// Milli-GPU left per device.
+    pub gpus: Vec<u32>,
 }
 
 /// The cluster's mutable state, flat.
@@ -127,7 +140,8 @@ pub fn simulate(workload: &Workload, policy: &dyn PackingPolicy, seed: u64) -> R
     let mut events = Vec::with_capacity(workload.pods.len());
     let mut arrived = 0i64;
     let mut used = 0i64;
-    let mut failed = 0;
+    let mut failed = Vec::new();
+    let mut placed = Vec::with_capacity(workload.pods.len());
     for (seq, (p, &shape)) in workload.pods.iter().zip(&pod_shape).enumerate() {
         arrived += p.total_milli();
         let pod = PackPod {
@@ -167,20 +181,33 @@ pub fn simulate(workload: &Workload, policy: &dyn PackingPolicy, seed: u64) -> R
             }
         }
         match best {
-            None => failed += 1,
+            None => {
+                failed.push(seq);
+                placed.push(None);
+            }
             Some((_, _, i)) => {
                 let devices = match cacheable.then(|| cache[i * shapes + shape].take()) {
                     Some(Some((_, ch))) => ch.devices,
                     _ => policy.score(&c.view(i), &pod, &ctx).devices,
                 };
                 used += c.commit(i, &pod, &devices);
+                placed.push(Some(i));
             }
         }
         events.push(Event { arrived, used });
     }
+    let nodes = (0..n)
+        .map(|i| NodeState {
+            cpu_left: c.cpu_left[i],
+            mem_left: c.mem_left[i],
+            gpus: c.gpus[c.off[i]..c.off[i + 1]].to_vec(),
+        })
+        .collect();
     RunOutcome {
         events,
+        placed,
         failed,
         total_gpus,
+        nodes,
     }
 }
