@@ -98,6 +98,8 @@ pub enum PackError {
     UnknownPolicy(String),
     #[error("{0} holds no nodes")]
     NoNodes(String),
+    #[error("{0} holds no pods")]
+    NoPods(String),
 }
 
 /// The GPU allocation ratio per arrival percentage, serialized as `{"0": …, …, "130": …}`.
@@ -138,6 +140,16 @@ impl Experiment {
             .copied()
             .flatten()
     }
+
+    /// The last column with events, and its figure (130 unless the demand stopped short).
+    pub fn last_column(&self) -> Option<(usize, f64)> {
+        self.gpu_alloc_pct
+            .0
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(k, v)| v.map(|x| (k, x)))
+    }
 }
 
 /// What to run.
@@ -177,10 +189,14 @@ pub fn load(
     if node_list.is_empty() {
         return Err(PackError::NoNodes(nodes.display().to_string()));
     }
+    let pod_list = trace::read_pods(pods)?;
+    if pod_list.is_empty() {
+        return Err(PackError::NoPods(pods.display().to_string()));
+    }
     Ok(PackSpec {
         workload: workload_name(pods),
         nodes: node_list,
-        pods: trace::read_pods(pods)?,
+        pods: pod_list,
         policies: policies.to_vec(),
         seeds: seeds.to_vec(),
         inflate,
@@ -228,12 +244,15 @@ fn cell(v: Option<f64>) -> String {
 
 /// One experiment for people: the headline and the 131 columns, ten to a line.
 pub fn format_experiment(e: &Experiment) -> String {
+    let (k, v) = e
+        .last_column()
+        .map_or((report::LAST_COLUMN, None), |(k, v)| (k, Some(v)));
     let mut s = format!(
-        "{} {} seed {}: {}% of GPU allocated at 130% arrived ({} pods failed, {:.1} ms)\n",
+        "{} {} seed {}: {}% of GPU allocated at {k}% arrived ({} pods failed, {:.1} ms)\n",
         e.workload,
         e.policy,
         e.seed,
-        cell(e.at_130()),
+        cell(v),
         e.failed,
         e.elapsed_ms
     );

@@ -10,7 +10,7 @@ use spotplane_core::GpuModel;
 /// A problem with an input file.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,

@@ -37,7 +37,7 @@ pub fn build(nodes: &[TraceNode], pods: &[TracePod], seed: i64, inflate: f64) ->
 
     let mut total: i64 = orig.iter().map(TracePod::total_milli).sum();
     let target = inflate * gpu_capacity_milli(nodes) as f64;
-    if (total as f64) < target {
+    if (total as f64) < target && !orig.is_empty() {
         let mut i = 0usize;
         loop {
             let p = &orig[rng.intn(orig.len())];
