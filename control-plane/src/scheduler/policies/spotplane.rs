@@ -7,9 +7,9 @@
 //! has CPU for one typical replica FGD sees nothing wrong: a CPU-only replica costs (almost)
 //! nothing anywhere, so it lands on GPU-dense nodes as often as on CPU-rich ones, and so do
 //! CPU-hungry GPU replicas. On the openb cluster, GPU-dense nodes (8 GPUs, 96 CPUs) and
-//! CPU-rich ones (2 GPUs, 104 CPUs) sit side by side; under FGD about 100,000 milli-GPU
-//! (1.6% of the cluster) end idle on nodes with no CPU left, while the CPU-rich nodes keep
-//! a quarter of their CPU.
+//! CPU-rich ones (2 GPUs, 104 CPUs) sit side by side; at the end of FGD's seed-42 run about
+//! 100,000 milli-GPU (1.6% of the cluster) are idle on nodes with less CPU left than any GPU
+//! pod of the trace asks for, while the CPU-rich nodes keep a quarter of their CPU.
 //!
 //! **Cost of a node state.** spotplane adds to FGD's fragmentation the GPU that CPU
 //! exhaustion will strand, in a fluid estimate: if the node keeps receiving replicas in the
