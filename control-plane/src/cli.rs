@@ -126,4 +126,31 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Replay the openb packing experiment of FGD (USENIX ATC '23): print the GPU allocation
+    /// ratio at each percentage (0..130) of arrived GPU demand.
+    Pack(PackArgs),
+}
+
+/// `spotplane bench pack`: see `shared/data/openb-protocol.md` and docs/benchmarks.md.
+#[derive(Debug, Args)]
+pub struct PackArgs {
+    /// The node list (`openb_node_list_gpu_node.csv`).
+    #[arg(long)]
+    pub nodes: PathBuf,
+    /// The pod list (`openb_pod_list_<workload>.csv`).
+    #[arg(long)]
+    pub pods: PathBuf,
+    /// random, best-fit, fgd, spotplane, or all (every policy on the same arrivals);
+    /// repeat or separate with commas for several.
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    pub policy: Vec<String>,
+    /// Tune seed(s): 42, 42..51 (inclusive) or 42,45.
+    #[arg(long, default_value = "42")]
+    pub seed: crate::scheduler::openb::SeedList,
+    /// GPU demand submitted, as a multiple of the cluster's GPU capacity.
+    #[arg(long, default_value_t = 1.3)]
+    pub inflate: f64,
+    /// One JSON object per line per (policy, seed).
+    #[arg(long)]
+    pub json: bool,
 }

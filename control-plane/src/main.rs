@@ -9,11 +9,12 @@ use clap::Parser;
 use reqwest::Method;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use spotplane::cli::{BenchCommand, Cli, ClientArgs, Command, JobCommand};
+use spotplane::cli::{BenchCommand, Cli, ClientArgs, Command, JobCommand, PackArgs};
 use spotplane::client::Client;
 use spotplane::clock::SystemClock;
 use spotplane::config::{Config, ConfigError};
 use spotplane::metrics::Metrics;
+use spotplane::scheduler::openb;
 use spotplane::server::{ServeOptions, Server, shutdown_signal};
 use spotplane::store::Store;
 use spotplane::{bench, demo, telemetry};
@@ -126,7 +127,38 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Bench(BenchCommand::Pack(args)) => bench_pack(&args),
     }
+}
+
+/// `spotplane bench pack`: runs synchronously (pure computation) and streams results.
+fn bench_pack(args: &PackArgs) -> anyhow::Result<()> {
+    let spec = openb::load(
+        &args.nodes,
+        &args.pods,
+        &args.policy,
+        &args.seed.0,
+        args.inflate,
+    )?;
+    let mut results = Vec::new();
+    openb::run(&spec, |e| {
+        if args.json {
+            match serde_json::to_string(&e) {
+                Ok(line) => println!("{line}"),
+                Err(err) => eprintln!("error: {err}"),
+            }
+        } else {
+            print!("{}", openb::format_experiment(&e));
+        }
+        results.push(e);
+    })?;
+    if !args.json && results.len() > 1 {
+        print!(
+            "\nGPU allocation ratio (%) at 130% arrived\n{}",
+            openb::format_summary(&results)
+        );
+    }
+    Ok(())
 }
 
 fn toml_of(config: &Config) -> anyhow::Result<String> {

@@ -25,7 +25,10 @@
 //! keeps a cycle over 100,000 queued jobs short.
 
 pub mod fairshare;
+pub mod frag;
+pub mod openb;
 pub mod packing;
+pub mod policies;
 pub mod snapshot;
 pub mod state;
 
@@ -55,7 +58,7 @@ pub struct SchedulerConfig {
 impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
-            candidates: 16,
+            candidates: 8,
             preemption: true,
             dynamic_mig: true,
         }

@@ -119,6 +119,13 @@ pub trait PackingPolicy: Send + Sync {
     /// Where on `node` the policy would put `pod`, and how good that is. Called only for nodes
     /// [`feasible`] says can hold the pod.
     fn score(&self, node: &PackNode<'_>, pod: &PackPod<'_>, ctx: &ScoreCtx) -> Choice;
+
+    /// Whether [`score`](Self::score) reads `ctx` (a randomized policy). When false, the
+    /// answer is a function of the node's state and the pod alone, so a caller may cache it
+    /// per (node version, pod shape) and recompute only the nodes that changed.
+    fn uses_ctx(&self) -> bool {
+        false
+    }
 }
 
 /// Whether `node` can hold `pod` at all: CPU, memory, GPU model and GPU capacity (a share
