@@ -2,7 +2,8 @@
 //!
 //! 10,000 nodes × 8 GPUs (H100s, some in MIG mode, A100-80GB and L4), queues of 1k to 100k
 //! jobs of mixed shapes (whole GPUs, MIG slices, GPU shares, gangs up to 64) from 20 teams in
-//! two cohorts, against an empty cluster. Run: `cargo bench -p spotplane --bench scheduler`.
+//! two cohorts, against an empty cluster, with the `spotplane` packing policy whose target
+//! workload is the queue itself. Run: `cargo bench -p spotplane --bench scheduler`.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -12,42 +13,16 @@ use chrono::{TimeZone, Utc};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use spotplane::scheduler::packing::{
-    Choice, Devices, PackNode, PackPod, PackingPolicy, Score, ScoreCtx, best_share, lowest_idle,
-};
+use std::sync::Arc;
+
+use spotplane::scheduler::policies::{Spotplane, typical_from_shapes};
 use spotplane::scheduler::{
-    GpuSnap, NodeSnap, QueuedJob, SchedulerConfig, Snapshot, TeamSnap, schedule,
+    GpuSnap, NodeSnap, QueuedJob, RunningJob, SchedulerConfig, Snapshot, TeamSnap, schedule,
 };
 use spotplane_core::mig::MigClass;
 use spotplane_core::shape::{GpuShape, ResourceShape};
 use spotplane_core::team::{Quota, QuotaResource};
 use spotplane_core::{Cloud, GpuModel, JobId, Market, MigInstance, MigLayout, NodeId};
-
-/// Best fit on GPU left, then CPU left.
-struct BestFit;
-
-impl PackingPolicy for BestFit {
-    fn name(&self) -> &'static str {
-        "bench-best-fit"
-    }
-    fn score(&self, node: &PackNode<'_>, pod: &PackPod<'_>, _ctx: &ScoreCtx) -> Choice {
-        let devices = if pod.is_share() {
-            best_share(node.gpus, pod.gpu_milli).map_or(Devices::None, Devices::Share)
-        } else if pod.is_gpu() {
-            lowest_idle(node.gpus, pod.num_gpu).map_or(Devices::None, Devices::Whole)
-        } else {
-            Devices::None
-        };
-        let left = i64::from(node.gpu_left_total()) - i64::from(pod.total_milli());
-        Choice {
-            score: Score {
-                primary: left,
-                secondary: node.cpu_left - pod.cpu,
-            },
-            devices,
-        }
-    }
-}
 
 fn cluster(nodes: usize, jobs: usize, seed: u64) -> Snapshot {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -171,6 +146,7 @@ fn cluster(nodes: usize, jobs: usize, seed: u64) -> Snapshot {
                     .expect("name"),
                 priority: [100, 500, 1000][rng.random_range(0..3)],
                 requeued: false,
+                nominated: false,
                 replicas,
                 shape: ResourceShape {
                     gpu,
@@ -191,32 +167,100 @@ fn cluster(nodes: usize, jobs: usize, seed: u64) -> Snapshot {
     }
 }
 
+fn policy_for(snap: &Snapshot) -> Spotplane {
+    Spotplane::new(Arc::new(typical_from_shapes(
+        snap.queued.iter().map(|q| (&q.shape, q.replicas)).chain(
+            snap.running
+                .iter()
+                .map(|r| (&r.shape, r.placements.len() as u32)),
+        ),
+    )))
+}
+
+/// The cluster after a first cycle filled it from an empty start, with `jobs` new jobs queued.
+fn steady(nodes: usize, jobs: usize) -> Snapshot {
+    let now = Utc
+        .with_ymd_and_hms(2026, 11, 30, 12, 0, 0)
+        .single()
+        .expect("time");
+    let first = cluster(nodes, 100_000, 11);
+    let by_id: std::collections::HashMap<JobId, &QueuedJob> =
+        first.queued.iter().map(|q| (q.id, q)).collect();
+    let d = schedule(
+        &first,
+        &policy_for(&first),
+        &SchedulerConfig::default(),
+        now,
+    );
+    let running = d
+        .admissions
+        .iter()
+        .filter_map(|a| {
+            let q = by_id.get(&a.job)?;
+            Some(RunningJob {
+                id: q.id,
+                team: q.team.clone(),
+                priority: q.priority,
+                shape: q.shape.clone(),
+                placements: a.placements.clone(),
+                draining: false,
+                progress_since: now - chrono::Duration::minutes(30),
+            })
+        })
+        .collect();
+    let mut snap = cluster(nodes, jobs, 13);
+    for q in &mut snap.queued {
+        q.id = JobId(uuid::Uuid::from_u128(q.id.0.as_u128() + 1_000_000));
+    }
+    snap.running = running;
+    snap
+}
+
+fn report(label: &str, snap: &Snapshot, cfg: &SchedulerConfig) {
+    let now = Utc
+        .with_ymd_and_hms(2026, 11, 30, 12, 0, 0)
+        .single()
+        .expect("time");
+    let started = Instant::now();
+    let d = schedule(snap, &policy_for(snap), cfg, now);
+    let took = started.elapsed();
+    let replicas: usize = d.admissions.iter().map(|a| a.placements.len()).sum();
+    eprintln!(
+        "{label}: {} running, {} queued: {} jobs admitted ({replicas} replicas), {} waiting, {} preemptions, one cycle {:.1} ms, {:.0} admissions/s",
+        snap.running.len(),
+        snap.queued.len(),
+        d.admissions.len(),
+        d.unmet.len(),
+        d.preemptions.len(),
+        took.as_secs_f64() * 1e3,
+        d.admissions.len() as f64 / took.as_secs_f64()
+    );
+}
+
 fn cycle(c: &mut Criterion) {
     let now = Utc
         .with_ymd_and_hms(2026, 11, 30, 12, 0, 0)
         .single()
         .expect("time");
     let cfg = SchedulerConfig::default();
-    let mut group = c.benchmark_group("schedule_cycle_10k_nodes");
-    group.sample_size(10);
-    for jobs in [1_000usize, 10_000, 100_000] {
-        let snap = cluster(10_000, jobs, 7);
-        let started = Instant::now();
-        let d = schedule(&snap, &BestFit, &cfg, now);
-        let took = started.elapsed();
-        let replicas: usize = d.admissions.iter().map(|a| a.placements.len()).sum();
-        eprintln!(
-            "{jobs} queued: {} jobs admitted ({replicas} replicas), {} unmet, one cycle {:.1} ms, {:.0} admissions/s",
-            d.admissions.len(),
-            d.unmet.len(),
-            took.as_secs_f64() * 1e3,
-            d.admissions.len() as f64 / took.as_secs_f64()
-        );
-        group.bench_with_input(BenchmarkId::from_parameter(jobs), &snap, |b, snap| {
-            b.iter(|| black_box(schedule(snap, &BestFit, &cfg, now)))
-        });
+    for (group_name, make) in [
+        (
+            "cold_start_10k_nodes",
+            cluster as fn(usize, usize, u64) -> Snapshot,
+        ),
+        ("steady_state_10k_nodes", |n, j, _| steady(n, j)),
+    ] {
+        let mut group = c.benchmark_group(group_name);
+        group.sample_size(10);
+        for jobs in [1_000usize, 10_000, 100_000] {
+            let snap = make(10_000, jobs, 7);
+            report(group_name, &snap, &cfg);
+            group.bench_with_input(BenchmarkId::from_parameter(jobs), &snap, |b, snap| {
+                b.iter(|| black_box(schedule(snap, &policy_for(snap), &cfg, now)))
+            });
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 criterion_group!(benches, cycle);

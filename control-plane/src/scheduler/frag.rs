@@ -14,7 +14,7 @@
 use spotplane_core::GpuModel;
 
 /// A set of GPU models as a bit mask over [`GpuModel::ALL`]; the empty set allows any model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct ModelSet(u32);
 
 impl ModelSet {

@@ -52,6 +52,13 @@ pub struct SchedulerConfig {
     /// fit first; more candidates, better packing, slower cycles).
     pub candidates: usize,
     pub preemption: bool,
+    /// Jobs that may search for victims in one cycle (bounds a cycle's work when a large
+    /// queue of high-priority jobs meets a full cluster).
+    pub max_preemption_attempts: usize,
+    /// Victims a gang tries at most, cheapest first.
+    pub preemption_candidates: usize,
+    /// Nodes a single replica examines for victims at most.
+    pub preemption_nodes: usize,
     pub dynamic_mig: bool,
 }
 
@@ -60,6 +67,9 @@ impl Default for SchedulerConfig {
         SchedulerConfig {
             candidates: 8,
             preemption: true,
+            max_preemption_attempts: 1000,
+            preemption_candidates: 64,
+            preemption_nodes: 64,
             dynamic_mig: true,
         }
     }
@@ -143,6 +153,9 @@ impl<K: std::hash::Hash + Eq> FailMemo<K> {
     }
 }
 
+/// A request shape as the packing policy sees it: cpu, GPUs, milli per GPU, allowed models.
+type ScoreKey = (i64, u32, u32, frag::ModelSet);
+
 /// f64 ordered for the team heap.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Share(f64);
@@ -159,6 +172,8 @@ impl Ord for Share {
 }
 
 struct Cycle<'a> {
+    /// Preemption searches made this cycle.
+    preemption_work: usize,
     snap: &'a Snapshot,
     policy: &'a dyn PackingPolicy,
     cfg: &'a SchedulerConfig,
@@ -169,6 +184,8 @@ struct Cycle<'a> {
     /// victims this cycle).
     running: HashMap<JobId, (usize, bool)>,
     failed: FailMemo<FailKey>,
+    /// Policy scores by (node, request shape), with the node version they were computed at.
+    scores: HashMap<(u32, ScoreKey), (u32, packing::Choice)>,
     /// Re-layouts that found nothing, and preemptions that found no victims, this cycle.
     failed_relayout: FailMemo<FailKey>,
     failed_preempt: FailMemo<(usize, i32, FailKey)>,
@@ -236,6 +253,7 @@ pub fn schedule(
     }
 
     let mut cycle = Cycle {
+        preemption_work: 0,
         snap,
         policy,
         cfg,
@@ -244,6 +262,7 @@ pub fn schedule(
         accounts,
         running,
         failed: FailMemo::default(),
+        scores: HashMap::new(),
         failed_relayout: FailMemo::default(),
         failed_preempt: FailMemo::default(),
         models,
@@ -283,7 +302,7 @@ pub fn schedule(
     cycle.out
 }
 
-impl Cycle<'_> {
+impl<'a> Cycle<'a> {
     fn try_job(&mut self, team: usize, job: &QueuedJob) {
         let shape = &job.shape.gpu;
         let need = Need {
@@ -586,21 +605,47 @@ impl Cycle<'_> {
                 gpu_milli: milli,
                 models,
             };
-            let nodes: Vec<PackNode<'_>> = cands
-                .iter()
-                .map(|&(i, m)| {
-                    let n = &self.state.nodes[i as usize];
-                    PackNode {
-                        cpu_left: n.cpu_free,
-                        cpu_cap: n.cpu_cap,
-                        mem_left: n.mem_free,
-                        model: Some(m),
-                        gpus: &n.plain,
-                        tiebreak: n.tiebreak,
+            // Score each candidate; a deterministic policy's answer is cached per (node,
+            // node version, request shape), so only nodes that changed are scored again.
+            let cacheable = !self.policy.uses_ctx();
+            let shape_key = (
+                pod.cpu,
+                pod.num_gpu,
+                pod.gpu_milli,
+                frag::ModelSet::of(models),
+            );
+            let mut best: Option<(usize, packing::Choice, u32)> = None;
+            for (k, &(i, m)) in cands.iter().enumerate() {
+                let n = &self.state.nodes[i as usize];
+                let node = PackNode {
+                    cpu_left: n.cpu_free,
+                    cpu_cap: n.cpu_cap,
+                    mem_left: n.mem_free,
+                    model: Some(m),
+                    gpus: &n.plain,
+                    tiebreak: n.tiebreak,
+                };
+                if !packing::feasible(&node, &pod) {
+                    continue;
+                }
+                let choice = match self.scores.get(&(i, shape_key)) {
+                    Some((v, c)) if cacheable && *v == n.version => c.clone(),
+                    _ => {
+                        let c = self.policy.score(&node, &pod, &ctx);
+                        if cacheable {
+                            self.scores.insert((i, shape_key), (n.version, c.clone()));
+                        }
+                        c
                     }
-                })
-                .collect();
-            let (k, choice) = packing::choose(self.policy, &nodes, &pod, &ctx)?;
+                };
+                let better = best
+                    .as_ref()
+                    .is_none_or(|(_, b, t)| (choice.score, n.tiebreak) < (b.score, *t));
+                if better {
+                    best = Some((k, choice, n.tiebreak));
+                }
+            }
+            let (k, choice, _) = best?;
             let i = cands[k].0;
             let assigned = match choice.devices {
                 Devices::Whole(d) => Assigned::Whole(d.into_iter().map(u32::from).collect()),
@@ -656,7 +701,14 @@ impl Cycle<'_> {
     }
 
     /// Victim selection. Returns true when the job now waits for preemption (new victims were
-    /// chosen, or victims already draining will make room).
+    /// chosen, or victims already draining for it will make room).
+    ///
+    /// A job may preempt lower-priority jobs of its own team, or (reclaim) jobs of its cohort
+    /// whose team borrows the flavour it needs while its own team is under nominal. Victims
+    /// are whole jobs (a gang goes as one), cheapest first: the fewest GPU-seconds since their
+    /// last checkpoint. A single-replica job looks node by node for the cheapest set of victims
+    /// on one node; a gang releases victims greedily until it fits, then keeps only those
+    /// needed. Victims keep their capacity this cycle: they checkpoint first.
     fn preempt(
         &mut self,
         team: usize,
@@ -665,104 +717,227 @@ impl Cycle<'_> {
         models: &[GpuModel],
         quota_only: bool,
     ) -> bool {
-        let snap = self.snap;
-        let draining: Vec<&RunningJob> = self
-            .by_team
-            .iter()
-            .flatten()
-            .map(|&k| &snap.running[k])
-            .filter(|r| self.running.get(&r.id).is_some_and(|(_, d)| *d))
-            .collect();
-        // Room that victims already draining will free: wait for it rather than preempt more.
-        if !quota_only
-            && !draining.is_empty()
-            && self.fits_after_releasing(job, need, models, &draining)
-        {
-            self.unmet(job, WaitReason::WaitingForPreemption);
-            return true;
+        if self.preemption_work >= self.cfg.max_preemption_attempts {
+            return false;
         }
+        self.preemption_work += 1;
+        let snap = self.snap;
+        // A job that preempted earlier waits for its victims to drain rather than preempt more.
+        if job.nominated && !quota_only {
+            let draining: Vec<&RunningJob> = snap
+                .running
+                .iter()
+                .filter(|r| self.running.get(&r.id).is_some_and(|(_, d)| *d))
+                .collect();
+            if !draining.is_empty() && self.fits_after_releasing(job, need, models, &draining) {
+                self.unmet(job, WaitReason::WaitingForPreemption);
+                return true;
+            }
+        }
+        let candidates = self.victim_candidates(team, job, models, quota_only);
+        if candidates.is_empty() {
+            return false;
+        }
+        let chosen = if job.replicas == 1 && !quota_only {
+            self.victims_on_one_node(team, job, need, models, &candidates)
+        } else {
+            self.victims_greedy(team, job, need, models, candidates)
+        };
+        let Some(victims) = chosen else { return false };
+        for (v, reason) in &victims {
+            if let Some(entry) = self.running.get_mut(&v.id) {
+                entry.1 = true;
+            }
+            self.out.preemptions.push(Preemption {
+                victim: v.id,
+                for_job: job.id,
+                reason: *reason,
+            });
+        }
+        self.unmet(job, WaitReason::WaitingForPreemption);
+        true
+    }
+
+    /// Running jobs this job may preempt, cheapest first.
+    fn victim_candidates(
+        &self,
+        team: usize,
+        job: &QueuedJob,
+        models: &[GpuModel],
+        quota_only: bool,
+    ) -> Vec<(&'a RunningJob, PreemptionReason)> {
+        let snap: &'a Snapshot = self.snap;
         let shape = &job.shape.gpu;
-        let mut candidates: Vec<(&RunningJob, PreemptionReason)> = Vec::new();
         let cohort = self.accounts.teams[team].cohort.clone();
-        for (owner_team, jobs) in self.by_team.iter().enumerate() {
-            let relevant = owner_team == team
-                || (!quota_only
-                    && cohort.is_some()
-                    && self
-                        .accounts
-                        .teams
-                        .get(owner_team)
-                        .is_some_and(|t| t.cohort == cohort));
-            if !relevant {
+        let mut candidates: Vec<(&'a RunningJob, PreemptionReason)> = Vec::new();
+        for (owner, jobs) in self.by_team.iter().enumerate() {
+            let same_team = owner == team;
+            let same_cohort = !quota_only
+                && cohort.is_some()
+                && self
+                    .accounts
+                    .teams
+                    .get(owner)
+                    .is_some_and(|t| t.cohort == cohort);
+            if !same_team && !same_cohort {
+                continue;
+            }
+            // Reclaim needs the job to fit within its own team's nominal quota, and the other
+            // team to borrow that flavour.
+            let reclaim_flavours: Vec<_> = if same_team {
+                Vec::new()
+            } else {
+                models
+                    .iter()
+                    .filter_map(|m| self.accounts.flavour(team, shape, Some(*m)))
+                    .filter(|(res, amount)| {
+                        self.accounts.teams[owner].is_borrowing(*res)
+                            && self.accounts.within_nominal(
+                                team,
+                                *res,
+                                amount * u64::from(job.replicas),
+                            )
+                    })
+                    .map(|(res, _)| res)
+                    .collect()
+            };
+            if !same_team && reclaim_flavours.is_empty() {
                 continue;
             }
             for &k in jobs {
                 let r = &snap.running[k];
-                let Some(&(owner, draining)) = self.running.get(&r.id) else {
-                    continue;
-                };
-                if draining {
+                if self
+                    .running
+                    .get(&r.id)
+                    .is_none_or(|(_, draining)| *draining)
+                {
                     continue;
                 }
-                if owner == team && r.priority < job.priority {
-                    candidates.push((r, PreemptionReason::Priority));
-                } else if owner != team && !quota_only {
-                    let same_cohort = self.accounts.teams[team].cohort.is_some()
-                        && self.accounts.teams[team].cohort == self.accounts.teams[owner].cohort;
-                    if !same_cohort {
-                        continue;
+                if same_team {
+                    if r.priority < job.priority {
+                        candidates.push((r, PreemptionReason::Priority));
                     }
-                    // Reclaim: the victim's team borrows a flavour this job needs, and the job
-                    // fits within its own team's nominal quota.
-                    let reclaimable = models.iter().any(|m| {
-                        let Some((res, amount)) = self.accounts.flavour(team, shape, Some(*m))
-                        else {
-                            return false;
-                        };
-                        let theirs = self
-                            .accounts
-                            .flavour(owner, &r.shape.gpu, Some(*m))
-                            .map(|(res, _)| res);
-                        theirs == Some(res)
-                            && self.accounts.teams[owner].is_borrowing(res)
-                            && self.accounts.within_nominal(
-                                team,
-                                res,
-                                amount * u64::from(job.replicas),
-                            )
+                } else {
+                    let theirs = r.placements.first().and_then(|p| {
+                        let i = *self.state.by_id.get(&p.node)?;
+                        self.accounts
+                            .flavour(owner, &r.shape.gpu, self.state.nodes[i as usize].model)
+                            .map(|(res, _)| res)
                     });
-                    if reclaimable {
+                    if theirs.is_some_and(|f| reclaim_flavours.contains(&f)) {
                         candidates.push((r, PreemptionReason::Reclaim));
                     }
                 }
             }
         }
-        if candidates.is_empty() {
-            return false;
-        }
-        // Cheapest first: least work lost (GPU-seconds since the last checkpoint), then lowest
-        // priority, then the newest job.
         let now = self.now;
         let cost = |r: &RunningJob| {
             let secs = (now - r.progress_since).num_seconds().max(0) as u64;
-            u64::from(r.shape.gpu.gpu_milli()) * u64::from(r.placements.len() as u32) * secs
+            u64::from(r.shape.gpu.gpu_milli().max(1)) * r.placements.len() as u64 * secs
         };
         candidates.sort_by_key(|(r, _)| (cost(r), r.priority, Reverse(r.id)));
+        candidates
+    }
 
-        let mut released: Vec<(&RunningJob, PreemptionReason)> = Vec::new();
-        let mut fits = false;
-        for (victim, reason) in candidates {
-            if reason == PreemptionReason::Reclaim {
-                // Only what is still borrowed may be reclaimed.
-                let owner = self.running.get(&victim.id).map_or(team, |r| r.0);
-                let still = models.iter().any(|m| {
-                    self.accounts
-                        .flavour(owner, &victim.shape.gpu, Some(*m))
-                        .is_some_and(|(res, _)| self.accounts.teams[owner].is_borrowing(res))
-                });
-                if !still {
+    /// For a single replica: per node, the cheapest victims whose release lets the replica fit
+    /// there; the node whose set costs least wins. Looks at a bounded number of nodes.
+    fn victims_on_one_node(
+        &mut self,
+        team: usize,
+        job: &QueuedJob,
+        need: Need,
+        models: &[GpuModel],
+        candidates: &[(&'a RunningJob, PreemptionReason)],
+    ) -> Option<Vec<(&'a RunningJob, PreemptionReason)>> {
+        let filter = Filter {
+            clouds: &job.clouds,
+            regions: &job.regions,
+            spot: job.spot,
+            zone: None,
+        };
+        // Candidates by node, in cost order.
+        let mut by_node: HashMap<u32, Vec<usize>> = HashMap::new();
+        let mut order: Vec<u32> = Vec::new();
+        for (c, (r, _)) in candidates.iter().enumerate() {
+            for p in &r.placements {
+                let Some(&i) = self.state.by_id.get(&p.node) else {
+                    continue;
+                };
+                let n = &self.state.nodes[i as usize];
+                if !filter.admits(n) || !n.model.is_some_and(|m| models.contains(&m)) {
                     continue;
                 }
+                let list = by_node.entry(i).or_default();
+                if list.last() != Some(&c) {
+                    if list.is_empty() {
+                        order.push(i);
+                    }
+                    list.push(c);
+                }
+            }
+        }
+        let mut best: Option<(u64, Vec<usize>)> = None;
+        let now = self.now;
+        for &i in order.iter().take(self.cfg.preemption_nodes) {
+            let Some(list) = by_node.get(&i).cloned() else {
+                continue;
+            };
+            let model = self.state.nodes[i as usize].model?;
+            let mut released: Vec<usize> = Vec::new();
+            let mut found = false;
+            for c in list {
+                let (victim, reason) = candidates[c];
+                if reason == PreemptionReason::Reclaim && !self.still_borrowing(victim) {
+                    continue;
+                }
+                self.release(victim);
+                released.push(c);
+                let quota_ok = self
+                    .accounts
+                    .flavour(team, &job.shape.gpu, Some(model))
+                    .is_none_or(|(res, amount)| self.accounts.allows(team, res, amount));
+                if quota_ok && self.assign_on(i, &job.shape.gpu, model, need).is_some() {
+                    found = true;
+                    break;
+                }
+            }
+            for &c in released.iter().rev() {
+                self.restore(candidates[c].0);
+            }
+            if found {
+                let total: u64 = released
+                    .iter()
+                    .map(|&c| {
+                        let r = candidates[c].0;
+                        let secs = (now - r.progress_since).num_seconds().max(0) as u64;
+                        u64::from(r.shape.gpu.gpu_milli().max(1)) * r.placements.len() as u64 * secs
+                    })
+                    .sum();
+                if best
+                    .as_ref()
+                    .is_none_or(|(b, v)| (total, released.len()) < (*b, v.len()))
+                {
+                    best = Some((total, released));
+                }
+            }
+        }
+        best.map(|(_, v)| v.into_iter().map(|c| candidates[c]).collect())
+    }
+
+    /// For gangs: release the cheapest victims until the gang fits, then keep only the needed.
+    fn victims_greedy(
+        &mut self,
+        team: usize,
+        job: &QueuedJob,
+        need: Need,
+        models: &[GpuModel],
+        candidates: Vec<(&'a RunningJob, PreemptionReason)>,
+    ) -> Option<Vec<(&'a RunningJob, PreemptionReason)>> {
+        let mut released: Vec<(&'a RunningJob, PreemptionReason)> = Vec::new();
+        let mut fits = false;
+        for (victim, reason) in candidates.into_iter().take(self.cfg.preemption_candidates) {
+            if reason == PreemptionReason::Reclaim && !self.still_borrowing(victim) {
+                continue;
             }
             self.release(victim);
             released.push((victim, reason));
@@ -775,11 +950,11 @@ impl Cycle<'_> {
             for (v, _) in released.iter().rev() {
                 self.restore(v);
             }
-            return false;
+            return None;
         }
-        // Keep only the victims that are needed: put each back (latest-but-one first) and
-        // see whether the job still fits without preempting it.
-        let mut needed: Vec<(&RunningJob, PreemptionReason)> = Vec::new();
+        // Keep only the victims that are needed: put each back (latest-but-one first) and see
+        // whether the gang still fits without preempting it.
+        let mut needed = Vec::new();
         let last = released.pop();
         for (v, reason) in released.into_iter().rev() {
             self.restore(v);
@@ -789,23 +964,25 @@ impl Cycle<'_> {
             self.release(v);
             needed.push((v, reason));
         }
-        if let Some(l) = last {
-            needed.push(l);
-        }
-        // The victims drain (checkpoint first); their capacity stays taken this cycle.
-        for (v, reason) in &needed {
+        needed.extend(last);
+        for (v, _) in &needed {
             self.restore(v);
-            if let Some(entry) = self.running.get_mut(&v.id) {
-                entry.1 = true;
-            }
-            self.out.preemptions.push(Preemption {
-                victim: v.id,
-                for_job: job.id,
-                reason: *reason,
-            });
         }
-        self.unmet(job, WaitReason::WaitingForPreemption);
-        true
+        Some(needed)
+    }
+
+    /// Whether a reclaim victim's team still borrows what the victim uses.
+    fn still_borrowing(&self, victim: &RunningJob) -> bool {
+        let Some(&(owner, _)) = self.running.get(&victim.id) else {
+            return false;
+        };
+        victim.placements.first().is_some_and(|p| {
+            self.state.by_id.get(&p.node).is_some_and(|&i| {
+                self.accounts
+                    .flavour(owner, &victim.shape.gpu, self.state.nodes[i as usize].model)
+                    .is_some_and(|(res, _)| self.accounts.teams[owner].is_borrowing(res))
+            })
+        })
     }
 
     /// Whether the job would fit (quota and capacity) right now, without taking anything.

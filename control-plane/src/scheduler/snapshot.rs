@@ -36,11 +36,13 @@ pub struct NodeSnap {
     pub gpus: Vec<GpuSnap>,
 }
 
-/// One GPU: plain (whole or shared), or in MIG mode with its instances.
+/// One GPU: plain (whole or shared), in MIG mode with its instances, or being re-laid out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GpuSnap {
     Plain,
     Mig(MigLayout),
+    /// A re-layout ordered earlier is not applied yet: nothing may be placed on the GPU.
+    Relayout,
 }
 
 /// Where one replica runs.
@@ -86,6 +88,8 @@ pub struct QueuedJob {
     pub priority: i32,
     /// Requeued after a preemption: goes ahead of its priority peers.
     pub requeued: bool,
+    /// It preempted jobs in an earlier cycle and waits for them to drain.
+    pub nominated: bool,
     pub replicas: u32,
     pub shape: ResourceShape,
     /// Allowed clouds and regions; any when empty.

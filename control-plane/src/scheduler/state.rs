@@ -81,6 +81,8 @@ pub struct NodeState {
     pub plain_pending: Vec<bool>,
     /// A stable per-node tie-break, so equal scores pick the same node every cycle.
     pub tiebreak: u32,
+    /// Bumped whenever the node's free capacity changes (for caches of scores).
+    pub version: u32,
     /// (bucket, position) of this node in each index slot; `ABSENT` when not indexed.
     pos: [(u32, u32); SLOTS],
 }
@@ -134,7 +136,7 @@ impl State {
                 .gpus
                 .iter()
                 .map(|g| match g {
-                    GpuSnap::Plain => None,
+                    GpuSnap::Plain | GpuSnap::Relayout => None,
                     GpuSnap::Mig(l) => Some(MigGpu {
                         layout: l.clone(),
                         busy: 0,
@@ -158,8 +160,9 @@ impl State {
                 mem_free: n.memory_mib as i64,
                 plain,
                 mig,
-                plain_pending: vec![false; n.gpus.len()],
+                plain_pending: n.gpus.iter().map(|g| *g == GpuSnap::Relayout).collect(),
                 tiebreak,
+                version: 0,
                 pos: [(ABSENT, ABSENT); SLOTS],
             });
         }
@@ -219,6 +222,7 @@ impl State {
 
     /// Moves node `i` to the buckets its current free capacity belongs in.
     pub fn reindex(&mut self, i: u32) {
+        self.nodes[i as usize].version = self.nodes[i as usize].version.wrapping_add(1);
         let node = &self.nodes[i as usize];
         let Some(model) = node.model else { return };
         let keys = Self::keys(node);

@@ -105,6 +105,7 @@ fn queued(id: u128, team: &str, gpu: GpuShape, replicas: u32, priority: i32) -> 
         team: team.parse().expect("team"),
         priority,
         requeued: false,
+        nominated: false,
         replicas,
         shape: res(gpu),
         clouds: vec![],
@@ -491,6 +492,9 @@ fn a_job_being_checkpointed_is_never_a_victim_and_its_capacity_is_waited_for() {
         0,
     );
     draining.draining = true;
+    // The preemptor chose that victim last cycle and waits for it.
+    let mut nominated = queued(1, "t", whole(1), 1, 1000);
+    nominated.nominated = true;
     let snap = Snapshot {
         nodes: vec![node(1, H100, 2, "a")],
         running: vec![
@@ -504,7 +508,7 @@ fn a_job_being_checkpointed_is_never_a_victim_and_its_capacity_is_waited_for() {
             ),
             draining,
         ],
-        queued: vec![queued(1, "t", whole(1), 1, 1000)],
+        queued: vec![nominated],
         ..Default::default()
     };
     let d = run(&snap);

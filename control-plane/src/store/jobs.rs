@@ -305,30 +305,47 @@ impl Store {
                     "job {id} is {from} and cannot become {to}"
                 )));
             }
-            let team_id = row.team_id.clone();
-            let version = row.version;
-            let mut upd = job::Entity::update_many()
-                .col_expr(job::Column::State, Expr::value(to.to_string()))
-                .col_expr(job::Column::StateReason, Expr::value(reason.clone()))
-                .col_expr(job::Column::UpdatedAt, Expr::value(now))
-                .col_expr(job::Column::Version, Expr::value(version + 1))
-                .filter(job::Column::Id.eq(row.id.clone()))
-                .filter(job::Column::Version.eq(version));
-            if to.is_terminal() {
-                upd = upd.col_expr(job::Column::FinishedAt, Expr::value(Some(now)));
-            }
-            let res = upd.exec(&txn).await?;
-            if res.rows_affected != 1 {
-                return Err(StoreError::Conflict(format!(
-                    "job {id} changed concurrently; retry"
-                )));
-            }
-            let updated = self.job_row(&txn, id, None).await?;
-            let job = job_from_row(updated)?;
-            record_job_event(&txn, &job, &team_id, Some(from), None, now).await?;
+            let job = job_event_in(&txn, row, to, reason.clone(), None, now).await?;
             txn.commit().await?;
             Ok(job)
         })
         .await
     }
+}
+
+/// Moves the job in `row` to `to` inside the caller's transaction: a version-checked update
+/// (a concurrent change is a conflict), its history entry and its outbox event. The caller
+/// has checked that the lifecycle allows the change.
+pub(crate) async fn job_event_in<C: ConnectionTrait>(
+    txn: &C,
+    row: job::Model,
+    to: JobState,
+    reason: Option<String>,
+    data: Option<Value>,
+    now: DateTime<Utc>,
+) -> Result<Job, StoreError> {
+    let from: JobState = parse_col("jobs", &row.id, &row.state)?;
+    let mut upd = job::Entity::update_many()
+        .col_expr(job::Column::State, Expr::value(to.to_string()))
+        .col_expr(job::Column::StateReason, Expr::value(reason))
+        .col_expr(job::Column::UpdatedAt, Expr::value(now))
+        .col_expr(job::Column::Version, Expr::value(row.version + 1))
+        .filter(job::Column::Id.eq(row.id.clone()))
+        .filter(job::Column::Version.eq(row.version));
+    if to.is_terminal() {
+        upd = upd.col_expr(job::Column::FinishedAt, Expr::value(Some(now)));
+    }
+    if upd.exec(txn).await?.rows_affected != 1 {
+        return Err(StoreError::Conflict(format!(
+            "job {} changed concurrently; retry",
+            row.id
+        )));
+    }
+    let updated = job::Entity::find_by_id(row.id.clone())
+        .one(txn)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("job {}", row.id)))?;
+    let job = job_from_row(updated)?;
+    record_job_event(txn, &job, &row.team_id, Some(from), data, now).await?;
+    Ok(job)
 }

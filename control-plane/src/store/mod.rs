@@ -24,6 +24,7 @@
 mod jobs;
 mod nodes;
 mod outbox;
+mod scheduling;
 mod submit;
 mod teams;
 mod tokens;
@@ -52,6 +53,7 @@ use crate::metrics::Metrics;
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
 pub use nodes::{NewGpu, NewNode};
 pub use outbox::OutboxEvent;
+pub use scheduling::{SpecCache, wait_text};
 pub use teams::{NewTeam, TeamPatch};
 pub use tokens::{Bootstrap, NewToken, Principal, generate_secret, hash_secret};
 

@@ -155,6 +155,7 @@ impl Store {
                     memory_mib: Set(i64::try_from(g.memory_mib).unwrap_or(i64::MAX)),
                     mig_enabled: Set(g.mig_enabled),
                     mig_layout: Set(serde_json::to_value(&g.mig_layout).map_err(|e| StoreError::Conflict(e.to_string()))?),
+                    desired_mig_layout: Set(None),
                 }
                 .insert(&txn)
                 .await?;

@@ -185,3 +185,104 @@ mod tests {
         }
     }
 }
+
+/// The target workload of the live scheduler: the request shapes of `jobs` (queued and
+/// running), weighted by replicas, the most frequent first, cut at 95% of replicas as the FGD
+/// paper does. MIG replicas are left out (they do not use plain GPUs). Ties are broken by the
+/// shape, so the result does not depend on the order of `jobs`.
+pub fn typical_from_shapes<'a>(
+    jobs: impl IntoIterator<Item = (&'a spotplane_core::shape::ResourceShape, u32)>,
+) -> TypicalPods {
+    use std::collections::HashMap;
+
+    use spotplane_core::shape::GpuShape;
+
+    use super::frag::{ModelSet, TypicalPod};
+
+    let mut counts: HashMap<(i64, u32, u32, ModelSet), u64> = HashMap::new();
+    let mut total = 0u64;
+    for (shape, replicas) in jobs {
+        let (num_gpu, gpu_milli, models) = match &shape.gpu {
+            GpuShape::Whole { gpus, models } => {
+                (*gpus, if *gpus == 0 { 0 } else { GPU_MILLI }, models)
+            }
+            GpuShape::Shared { gpu_milli, models } => (1, (*gpu_milli).min(GPU_MILLI), models),
+            GpuShape::Mig { .. } => continue,
+        };
+        let key = (
+            i64::from(shape.cpu_milli),
+            gpu_milli,
+            num_gpu,
+            ModelSet::of(models),
+        );
+        *counts.entry(key).or_insert(0) += u64::from(replicas);
+        total += u64::from(replicas);
+    }
+    if total == 0 {
+        return TypicalPods::default();
+    }
+    let mut keys: Vec<_> = counts.into_iter().collect();
+    keys.sort_by(|(ka, ca), (kb, cb)| {
+        (cb, kb.0, kb.1, kb.2, kb.3).cmp(&(ca, ka.0, ka.1, ka.2, ka.3))
+    });
+    let wanted = 0.95 * total as f64;
+    let mut cum = 0.0;
+    let mut taken = 0;
+    while taken < keys.len() && cum < wanted {
+        cum += keys[taken].1 as f64;
+        taken += 1;
+    }
+    keys.truncate(taken);
+    TypicalPods {
+        pods: keys
+            .into_iter()
+            .map(|((cpu, gpu_milli, num_gpu, models), count)| TypicalPod {
+                cpu,
+                gpu_milli,
+                num_gpu,
+                models,
+                freq: count as f64 / cum,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod typical_tests {
+    use spotplane_core::shape::{GpuShape, ResourceShape};
+
+    use super::*;
+
+    #[test]
+    fn the_live_target_workload_weights_shapes_by_replicas_and_skips_mig() {
+        let whole = ResourceShape {
+            gpu: GpuShape::Whole {
+                gpus: 1,
+                models: vec![],
+            },
+            cpu_milli: 8000,
+            memory_mib: 1,
+        };
+        let share = ResourceShape {
+            gpu: GpuShape::Shared {
+                gpu_milli: 500,
+                models: vec![],
+            },
+            cpu_milli: 2000,
+            memory_mib: 1,
+        };
+        let mig = ResourceShape {
+            gpu: GpuShape::Mig {
+                profile: "1g.10gb".parse().expect("p"),
+                models: vec![],
+            },
+            cpu_milli: 1,
+            memory_mib: 1,
+        };
+        let t = typical_from_shapes([(&whole, 3), (&share, 1), (&mig, 50)]);
+        assert_eq!(t.pods.len(), 2);
+        assert_eq!((t.pods[0].gpu_milli, t.pods[0].num_gpu), (1000, 1));
+        assert!((t.pods[0].freq - 0.75).abs() < 1e-12);
+        assert!(typical_from_shapes([(&mig, 1)]).pods.is_empty());
+    }
+}

@@ -12,6 +12,8 @@ pub struct Model {
     pub memory_mib: i64,
     pub mig_enabled: bool,
     pub mig_layout: Json,
+    /// Set while a re-layout is in flight: the layout ordered.
+    pub desired_mig_layout: Option<Json>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -1,0 +1,554 @@
+//! What the scheduler reads and writes: its snapshot, and its decisions as transactions.
+//!
+//! A snapshot is built from four reads (nodes with GPUs, live allocations, jobs that hold or
+//! want capacity, teams). Job specs never change after submission, so the caller keeps the
+//! parsed specs in a [`SpecCache`] and only new jobs' JSON is read and parsed each cycle.
+//! Each decision is then one transaction: an admission writes the allocations and moves the
+//! job to `admitted`; a preemption moves the victim to `draining`; both write their history
+//! and outbox rows in the same transaction.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QuerySelect, Set, TransactionTrait,
+};
+use serde_json::json;
+use spotplane_core::job::JobSpec;
+use spotplane_core::{JobId, JobState, MigLayout, NodeId, NodeState};
+
+use super::entity::{allocation, checkpoint, gpu, job, node, outbox, team};
+use super::jobs::job_event_in;
+use super::{Store, StoreError, from_json, new_uuid, parse_col};
+use crate::scheduler::{
+    Assigned, GpuSnap, NodeSnap, Placement, PreemptionReason, QueuedJob, RunningJob, Snapshot,
+    TeamSnap, WaitReason,
+};
+
+/// Parsed specs of jobs seen before, by id.
+#[derive(Debug, Default)]
+pub struct SpecCache {
+    specs: HashMap<String, (JobId, JobSpec)>,
+}
+
+impl SpecCache {
+    pub fn len(&self) -> usize {
+        self.specs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.specs.is_empty()
+    }
+}
+
+/// Job states that hold capacity.
+const HOLDING: [JobState; 4] = [
+    JobState::Admitted,
+    JobState::Starting,
+    JobState::Running,
+    JobState::Draining,
+];
+
+fn assigned_to_json(a: &Assigned) -> (serde_json::Value, Option<serde_json::Value>, i32) {
+    match a {
+        Assigned::CpuOnly => (json!([]), None, 0),
+        Assigned::Whole(g) => (json!(g), None, 1000 * g.len() as i32),
+        Assigned::Share { gpu, milli } => (json!([gpu]), None, *milli as i32),
+        Assigned::Mig { gpu, instance } => (json!([gpu]), Some(json!(instance)), 0),
+    }
+}
+
+fn assigned_from_row(row: &allocation::Model) -> Result<Assigned, StoreError> {
+    let gpus: Vec<u32> = from_json("allocations", &row.id, row.gpu_indices.clone())?;
+    if let Some(m) = &row.mig {
+        let instance = from_json("allocations", &row.id, m.clone())?;
+        let gpu = *gpus.first().ok_or_else(|| {
+            StoreError::corrupt("allocations", &row.id, "MIG allocation without a GPU")
+        })?;
+        return Ok(Assigned::Mig { gpu, instance });
+    }
+    Ok(match (gpus.len(), row.gpu_milli) {
+        (0, _) => Assigned::CpuOnly,
+        (1, m) if m < 1000 => Assigned::Share {
+            gpu: gpus[0],
+            milli: m as u32,
+        },
+        _ => Assigned::Whole(gpus),
+    })
+}
+
+impl Store {
+    /// Everything the scheduler looks at, now.
+    pub async fn scheduler_snapshot(&self, cache: &mut SpecCache) -> Result<Snapshot, StoreError> {
+        // Not retried: a failed read is simply taken again next cycle.
+        let started = std::time::Instant::now();
+        let result = self.snapshot_once(cache).await;
+        self.metrics
+            .observe_store("scheduler_snapshot", result.is_ok(), started.elapsed());
+        result
+    }
+
+    async fn snapshot_once(&self, cache: &mut SpecCache) -> Result<Snapshot, StoreError> {
+        let live = [
+            NodeState::Requested,
+            NodeState::Booting,
+            NodeState::Ready,
+            NodeState::Draining,
+        ];
+        let nodes = node::Entity::find()
+            .filter(node::Column::State.is_in(live.iter().map(|s| s.to_string())))
+            .all(&self.read)
+            .await?;
+        let node_ids: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
+        let mut gpus_by_node: HashMap<String, Vec<gpu::Model>> = HashMap::new();
+        if !node_ids.is_empty() {
+            for g in gpu::Entity::find()
+                .filter(gpu::Column::NodeId.is_in(node_ids.clone()))
+                .all(&self.read)
+                .await?
+            {
+                gpus_by_node.entry(g.node_id.clone()).or_default().push(g);
+            }
+        }
+        let mut snap_nodes = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            let mut gpus = gpus_by_node.remove(&n.id).unwrap_or_default();
+            gpus.sort_by_key(|g| g.idx);
+            let model = match gpus.first() {
+                Some(g) => Some(parse_col("gpus", &g.id, &g.model)?),
+                None => None,
+            };
+            let mut gs = Vec::with_capacity(gpus.len());
+            for g in gpus {
+                let layout: MigLayout = from_json("gpus", &g.id, g.mig_layout.clone())?;
+                let desired: Option<Option<MigLayout>> = match &g.desired_mig_layout {
+                    None => None,
+                    Some(v) => Some(from_json("gpus", &g.id, v.clone())?),
+                };
+                let actual = if g.mig_enabled { Some(layout) } else { None };
+                gs.push(match (desired, actual) {
+                    (Some(d), a) if d != a => GpuSnap::Relayout,
+                    (_, Some(l)) => GpuSnap::Mig(l),
+                    (_, None) => GpuSnap::Plain,
+                });
+            }
+            let state: NodeState = parse_col("nodes", &n.id, &n.state)?;
+            snap_nodes.push(NodeSnap {
+                id: parse_col("nodes", &n.id, &n.id)?,
+                cloud: parse_col("nodes", &n.id, &n.cloud)?,
+                market: parse_col("nodes", &n.id, &n.market)?,
+                schedulable: state == NodeState::Ready,
+                cpu_milli: u64::try_from(n.cpu_milli).unwrap_or(0),
+                memory_mib: u64::try_from(n.memory_mib).unwrap_or(0),
+                gpu_model: model,
+                gpus: gs,
+                region: n.region,
+                zone: n.zone,
+            });
+        }
+
+        // Jobs: the columns the scheduler needs; specs from the cache, parsed once.
+        let mut wanted: Vec<String> = HOLDING.iter().map(|s| s.to_string()).collect();
+        wanted.push(JobState::Queued.to_string());
+        let rows: Vec<(
+            String,
+            String,
+            i32,
+            i64,
+            chrono::DateTime<Utc>,
+            Option<String>,
+        )> = job::Entity::find()
+            .select_only()
+            .columns([
+                job::Column::Id,
+                job::Column::State,
+                job::Column::Priority,
+                job::Column::Attempt,
+            ])
+            .column(job::Column::UpdatedAt)
+            .column(job::Column::StateReason)
+            .filter(job::Column::State.is_in(wanted))
+            .into_tuple::<(
+                String,
+                String,
+                i32,
+                i32,
+                chrono::DateTime<Utc>,
+                Option<String>,
+            )>()
+            .all(&self.read)
+            .await?
+            .into_iter()
+            .map(|(a, b, c, d, e, f)| (a, b, c, i64::from(d), e, f))
+            .collect();
+        let missing: Vec<String> = rows
+            .iter()
+            .filter(|r| !cache.specs.contains_key(&r.0))
+            .map(|r| r.0.clone())
+            .collect();
+        for chunk in missing.chunks(500) {
+            let specs: Vec<(String, serde_json::Value)> = job::Entity::find()
+                .select_only()
+                .columns([job::Column::Id, job::Column::Spec])
+                .filter(job::Column::Id.is_in(chunk.to_vec()))
+                .into_tuple()
+                .all(&self.read)
+                .await?;
+            for (id, spec) in specs {
+                let parsed: JobSpec = from_json("jobs", &id, spec)?;
+                let jid: JobId = parse_col("jobs", &id, &id)?;
+                cache.specs.insert(id, (jid, parsed));
+            }
+        }
+        let present: std::collections::HashSet<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+        cache.specs.retain(|id, _| present.contains(id.as_str()));
+
+        // Live allocations, by job.
+        let mut allocs: HashMap<String, Vec<allocation::Model>> = HashMap::new();
+        for a in allocation::Entity::find()
+            .filter(allocation::Column::ReleasedAt.is_null())
+            .all(&self.read)
+            .await?
+        {
+            allocs.entry(a.job_id.clone()).or_default().push(a);
+        }
+        // The last completed checkpoint per job, for the cost of preempting it.
+        let mut last_ckpt: HashMap<String, DateTime<Utc>> = HashMap::new();
+        let ckpts: Vec<(String, Option<DateTime<Utc>>)> = checkpoint::Entity::find()
+            .select_only()
+            .columns([checkpoint::Column::JobId, checkpoint::Column::CompletedAt])
+            .filter(checkpoint::Column::State.eq("complete"))
+            .into_tuple()
+            .all(&self.read)
+            .await?;
+        for (job_id, at) in ckpts {
+            if let Some(at) = at {
+                let e = last_ckpt.entry(job_id).or_insert(at);
+                if at > *e {
+                    *e = at;
+                }
+            }
+        }
+
+        let mut running = Vec::new();
+        let mut queued = Vec::new();
+        for (id, state, priority, _attempt, updated_at, reason) in rows {
+            let Some((jid, spec)) = cache.specs.get(&id) else {
+                continue;
+            };
+            let Some(team) = spec.team.clone() else {
+                return Err(StoreError::corrupt("jobs", &id, "spec has no team"));
+            };
+            let state: JobState = parse_col("jobs", &id, &state)?;
+            if state == JobState::Queued {
+                queued.push(QueuedJob {
+                    id: *jid,
+                    team,
+                    priority,
+                    requeued: reason.as_deref().is_some_and(|r| r.starts_with("requeued")),
+                    nominated: reason.as_deref()
+                        == Some(wait_text(WaitReason::WaitingForPreemption)),
+                    replicas: spec.replicas,
+                    shape: spec.replica_shape(),
+                    clouds: spec.clouds.clone(),
+                    regions: spec.regions.clone(),
+                    spot: spec.spot,
+                });
+            } else {
+                let mut placements = Vec::new();
+                for a in allocs.remove(&id).unwrap_or_default() {
+                    placements.push(Placement {
+                        replica: u32::try_from(a.replica).unwrap_or(0),
+                        node: parse_col("allocations", &a.id, &a.node_id)?,
+                        assigned: assigned_from_row(&a)?,
+                    });
+                }
+                running.push(RunningJob {
+                    id: *jid,
+                    team,
+                    priority,
+                    shape: spec.replica_shape(),
+                    placements,
+                    draining: state == JobState::Draining,
+                    // Work at risk runs from the later of the last checkpoint and this run's start.
+                    progress_since: last_ckpt
+                        .get(&id)
+                        .map_or(updated_at, |c| (*c).max(updated_at)),
+                });
+            }
+        }
+
+        let teams = team::Entity::find()
+            .all(&self.read)
+            .await?
+            .into_iter()
+            .map(|t| {
+                Ok(TeamSnap {
+                    name: parse_col("teams", &t.id, &t.name)?,
+                    weight: t.weight,
+                    cohort: t.cohort.clone(),
+                    quotas: from_json::<BTreeMap<_, _>>("teams", &t.id, t.quotas)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(Snapshot {
+            nodes: snap_nodes,
+            running,
+            queued,
+            teams,
+        })
+    }
+
+    /// Admits a job: its allocations and `queued -> admitted`, with history and outbox, in one
+    /// transaction. A job no longer queued (cancelled meanwhile) is a conflict, nothing written.
+    pub async fn admit_job(
+        &self,
+        id: JobId,
+        placements: &[Placement],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.measured("admit_job", || async {
+            let txn = self.write.begin().await?;
+            let row = job::Entity::find_by_id(id.to_string())
+                .one(&txn)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
+            let from: JobState = parse_col("jobs", &row.id, &row.state)?;
+            if from != JobState::Queued {
+                return Err(StoreError::Conflict(format!(
+                    "job {id} is {from}, not queued"
+                )));
+            }
+            let spec: JobSpec = from_json("jobs", &row.id, row.spec.clone())?;
+            for p in placements {
+                let (gpu_indices, mig, gpu_milli) = assigned_to_json(&p.assigned);
+                allocation::ActiveModel {
+                    id: Set(new_uuid(now).to_string()),
+                    job_id: Set(row.id.clone()),
+                    replica: Set(p.replica as i32),
+                    attempt: Set(row.attempt),
+                    node_id: Set(p.node.to_string()),
+                    gpu_indices: Set(gpu_indices),
+                    mig: Set(mig),
+                    gpu_milli: Set(gpu_milli),
+                    cpu_milli: Set(i64::from(spec.cpu_milli)),
+                    memory_mib: Set(spec.memory_mib as i64),
+                    created_at: Set(now),
+                    released_at: Set(None),
+                }
+                .insert(&txn)
+                .await?;
+            }
+            let nodes: Vec<String> = placements.iter().map(|p| p.node.to_string()).collect();
+            let reason = format!("placed on {}", dedup(nodes).join(", "));
+            job_event_in(&txn, row, JobState::Admitted, Some(reason), None, now).await?;
+            txn.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Starts preempting a job: `-> draining` (its replicas checkpoint, then it requeues).
+    pub async fn preempt_job(
+        &self,
+        victim: JobId,
+        for_job: JobId,
+        reason: PreemptionReason,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let why = match reason {
+            PreemptionReason::Priority => format!("preempted for higher-priority job {for_job}"),
+            PreemptionReason::Reclaim => {
+                format!("preempted: its team's borrowed quota is reclaimed for job {for_job}")
+            }
+        };
+        self.transition_job(victim, None, None, JobState::Draining, Some(why), now)
+            .await
+            .map(|_| ())
+    }
+
+    /// Records why queued jobs wait, writing only the jobs whose reason changed.
+    pub async fn set_wait_reasons(
+        &self,
+        reasons: &[(JobId, WaitReason)],
+        previous: &HashMap<JobId, Option<String>>,
+    ) -> Result<usize, StoreError> {
+        let mut by_text: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+        for (id, r) in reasons {
+            let text = wait_text(*r);
+            if previous.get(id).is_some_and(|p| p.as_deref() == Some(text)) {
+                continue;
+            }
+            by_text.entry(text).or_default().push(id.to_string());
+        }
+        let mut changed = 0;
+        for (text, ids) in by_text {
+            for chunk in ids.chunks(500) {
+                let res = self
+                    .measured("set_wait_reasons", || async {
+                        Ok(job::Entity::update_many()
+                            .col_expr(job::Column::StateReason, Expr::value(text))
+                            .filter(job::Column::Id.is_in(chunk.to_vec()))
+                            .filter(job::Column::State.eq(JobState::Queued.to_string()))
+                            .exec(&self.write)
+                            .await?)
+                    })
+                    .await?;
+                changed += res.rows_affected as usize;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Orders a MIG re-layout of one GPU (`None`: MIG off), for the node's agent to apply.
+    pub async fn request_relayout(
+        &self,
+        node_id: NodeId,
+        gpu_index: u32,
+        layout: Option<&MigLayout>,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.measured("request_relayout", || async {
+            let txn = self.write.begin().await?;
+            let desired =
+                serde_json::to_value(layout).map_err(|e| StoreError::Conflict(e.to_string()))?;
+            let res = gpu::Entity::update_many()
+                .col_expr(gpu::Column::DesiredMigLayout, Expr::value(desired.clone()))
+                .filter(gpu::Column::NodeId.eq(node_id.to_string()))
+                .filter(gpu::Column::Idx.eq(gpu_index as i32))
+                .exec(&txn)
+                .await?;
+            if res.rows_affected != 1 {
+                return Err(StoreError::NotFound(format!(
+                    "GPU {gpu_index} of node {node_id}"
+                )));
+            }
+            outbox::ActiveModel {
+                kind: Set("node.mig_relayout_requested".into()),
+                subject_kind: Set("node".into()),
+                subject_id: Set(node_id.to_string()),
+                team_id: Set(None),
+                payload: Set(json!({"node": {"id": node_id}, "gpu": gpu_index, "layout": desired})),
+                created_at: Set(now),
+                ..Default::default()
+            }
+            .insert(&txn)
+            .await?;
+            txn.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Records a GPU's MIG layout as applied (reported by the node), ending a re-layout.
+    pub async fn record_mig_layout(
+        &self,
+        node_id: NodeId,
+        gpu_index: u32,
+        layout: Option<&MigLayout>,
+    ) -> Result<(), StoreError> {
+        self.measured("record_mig_layout", || async {
+            let actual = serde_json::to_value(layout.cloned().unwrap_or_default())
+                .map_err(|e| StoreError::Conflict(e.to_string()))?;
+            gpu::Entity::update_many()
+                .col_expr(gpu::Column::MigLayout, Expr::value(actual))
+                .col_expr(gpu::Column::MigEnabled, Expr::value(layout.is_some()))
+                .col_expr(
+                    gpu::Column::DesiredMigLayout,
+                    Expr::value(Option::<serde_json::Value>::None),
+                )
+                .filter(gpu::Column::NodeId.eq(node_id.to_string()))
+                .filter(gpu::Column::Idx.eq(gpu_index as i32))
+                .exec(&self.write)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Moves a node along its lifecycle, with a `node.<state>` outbox event, in one transaction.
+    pub async fn transition_node(
+        &self,
+        id: NodeId,
+        to: NodeState,
+        reason: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.measured("transition_node", || async {
+            let txn = self.write.begin().await?;
+            let row = node::Entity::find_by_id(id.to_string())
+                .one(&txn)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(format!("node {id}")))?;
+            let from: NodeState = parse_col("nodes", &row.id, &row.state)?;
+            if !from.can_transition_to(to) {
+                return Err(StoreError::Conflict(format!("node {id} is {from} and cannot become {to}")));
+            }
+            let mut upd = node::Entity::update_many()
+                .col_expr(node::Column::State, Expr::value(to.to_string()))
+                .col_expr(node::Column::StateReason, Expr::value(reason.clone()))
+                .col_expr(node::Column::UpdatedAt, Expr::value(now))
+                .col_expr(node::Column::Version, Expr::value(row.version + 1))
+                .filter(node::Column::Id.eq(row.id.clone()))
+                .filter(node::Column::Version.eq(row.version));
+            if to == NodeState::Ready {
+                upd = upd.col_expr(node::Column::ReadyAt, Expr::value(Some(now)));
+            }
+            if to == NodeState::Terminated {
+                upd = upd.col_expr(node::Column::TerminatedAt, Expr::value(Some(now)));
+            }
+            if upd.exec(&txn).await?.rows_affected != 1 {
+                return Err(StoreError::Conflict(format!("node {id} changed concurrently; retry")));
+            }
+            outbox::ActiveModel {
+                kind: Set(format!("node.{to}")),
+                subject_kind: Set("node".into()),
+                subject_id: Set(id.to_string()),
+                team_id: Set(None),
+                payload: Set(json!({"node": {"id": id, "state": to, "cloud": row.cloud, "zone": row.zone,
+                    "instance_type": row.instance_type, "market": row.market}, "from_state": from, "reason": reason})),
+                created_at: Set(now),
+                ..Default::default()
+            }
+            .insert(&txn)
+            .await?;
+            txn.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Current state reasons of queued jobs, to write only changes.
+    pub async fn queued_reasons(&self) -> Result<HashMap<JobId, Option<String>>, StoreError> {
+        self.measured("queued_reasons", || async {
+            let rows: Vec<(String, Option<String>)> = job::Entity::find()
+                .select_only()
+                .columns([job::Column::Id, job::Column::StateReason])
+                .filter(job::Column::State.eq(JobState::Queued.to_string()))
+                .into_tuple()
+                .all(&self.read)
+                .await?;
+            rows.into_iter()
+                .map(|(id, r)| Ok((parse_col("jobs", &id, &id)?, r)))
+                .collect()
+        })
+        .await
+    }
+}
+
+/// How a wait reason reads on the job.
+pub fn wait_text(r: WaitReason) -> &'static str {
+    match r {
+        WaitReason::NoCapacity => "waiting for capacity",
+        WaitReason::Quota => "waiting for quota",
+        WaitReason::WaitingForPreemption => "waiting for preempted jobs to checkpoint",
+        WaitReason::WaitingForRepartition => "waiting for a MIG re-layout",
+    }
+}
+
+fn dedup(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v.dedup();
+    v
+}
