@@ -8,7 +8,9 @@
 //! dominant share (DRF): its largest share of any GPU model's capacity or of the CPU, divided by
 //! its weight.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use spotplane_core::shape::GpuShape;
 use spotplane_core::team::{Quota, QuotaResource};
@@ -26,8 +28,8 @@ pub struct TeamAccount {
     pub cohort: Option<String>,
     cohort_id: Option<usize>,
     quotas: BTreeMap<QuotaResource, Quota>,
-    usage: HashMap<QuotaResource, Amount>,
-    gpu_milli: HashMap<GpuModel, u64>,
+    usage: FxHashMap<QuotaResource, Amount>,
+    gpu_milli: FxHashMap<GpuModel, u64>,
     cpu_milli: u64,
 }
 
@@ -79,27 +81,27 @@ impl TeamAccount {
 #[derive(Debug, Clone)]
 pub struct Accounts {
     pub teams: Vec<TeamAccount>,
-    by_name: HashMap<TeamName, usize>,
-    gpu_capacity: HashMap<GpuModel, u64>,
+    by_name: FxHashMap<TeamName, usize>,
+    gpu_capacity: FxHashMap<GpuModel, u64>,
     cpu_capacity: u64,
     /// Per (cohort, flavour): what the members lend in all, and what they borrow in all,
     /// kept current by `charge` so that `headroom` is O(1).
-    cohort_totals: HashMap<(usize, QuotaResource), (Amount, Amount)>,
+    cohort_totals: FxHashMap<(usize, QuotaResource), (Amount, Amount)>,
     cohorts: Vec<String>,
 }
 
 impl Accounts {
     pub fn new(
         teams: &[TeamSnap],
-        gpu_capacity: HashMap<GpuModel, u64>,
+        gpu_capacity: FxHashMap<GpuModel, u64>,
         cpu_capacity: u64,
     ) -> Self {
         let mut a = Accounts {
             teams: Vec::new(),
-            by_name: HashMap::new(),
+            by_name: FxHashMap::default(),
             gpu_capacity,
             cpu_capacity,
-            cohort_totals: HashMap::new(),
+            cohort_totals: FxHashMap::default(),
             cohorts: Vec::new(),
         };
         for t in teams {
@@ -145,8 +147,8 @@ impl Accounts {
             cohort,
             cohort_id,
             quotas,
-            usage: HashMap::new(),
-            gpu_milli: HashMap::new(),
+            usage: FxHashMap::default(),
+            gpu_milli: FxHashMap::default(),
             cpu_milli: 0,
         });
         i
@@ -197,9 +199,11 @@ impl Accounts {
             .get(&(cohort, res))
             .copied()
             .unwrap_or((0, 0));
+        // What the other members do not use of their nominal quota (up to their lending
+        // limits), less what every member, this one included, already borrows from it.
         let pool = lent
             .saturating_sub(t.lendable(res))
-            .saturating_sub(borrowed.saturating_sub(t.borrowed(res)));
+            .saturating_sub(borrowed);
         let may_borrow = match t.quotas.get(&res).and_then(|q| q.borrowing_limit) {
             Some(limit) => TeamAccount::scale(res, limit).saturating_sub(t.borrowed(res)),
             None => Amount::MAX,
@@ -315,7 +319,7 @@ mod tests {
             team("b", Some("ml"), &[(H100, q(8, None, Some(6)))]),
             team("c", None, &[(H100, q(8, None, None))]),
         ];
-        let acc = Accounts::new(&teams, HashMap::new(), 0);
+        let acc = Accounts::new(&teams, FxHashMap::default(), 0);
         assert_eq!(
             acc.headroom(0, H100),
             Some(6_000),
@@ -336,7 +340,7 @@ mod tests {
             team("b", Some("ml"), &[(H100, q(8, None, Some(3)))]),
             team("c", Some("ml"), &[(H100, q(0, None, None))]),
         ];
-        let mut acc = Accounts::new(&teams, HashMap::new(), 0);
+        let mut acc = Accounts::new(&teams, FxHashMap::default(), 0);
         assert_eq!(acc.headroom(0, H100), Some(3_000));
         acc.charge(2, &whole(2), Some(GpuModel::H100_80GB), 0, 1);
         assert_eq!(acc.headroom(0, H100), Some(1_000), "c borrowed 2 of b's 3");
@@ -346,8 +350,29 @@ mod tests {
     }
 
     #[test]
+    fn what_a_team_already_borrowed_is_not_offered_to_it_again() {
+        let teams = [
+            team("a", Some("ml"), &[(H100, q(4, None, None))]),
+            team("b", Some("ml"), &[(H100, q(0, None, None))]),
+        ];
+        let mut acc = Accounts::new(&teams, FxHashMap::default(), 0);
+        assert_eq!(acc.headroom(1, H100), Some(4_000));
+        acc.charge(1, &whole(3), Some(GpuModel::H100_80GB), 0, 1);
+        assert_eq!(
+            acc.headroom(1, H100),
+            Some(1_000),
+            "a lends 4, b holds 3 of them"
+        );
+        assert_eq!(
+            acc.headroom(0, H100),
+            Some(4_000),
+            "a's nominal stays a's: it can reclaim it"
+        );
+    }
+
+    #[test]
     fn a_team_without_quotas_is_limited_by_fair_share_only() {
-        let mut acc = Accounts::new(&[], HashMap::new(), 0);
+        let mut acc = Accounts::new(&[], FxHashMap::default(), 0);
         let t = acc.team(&"newcomer".parse().expect("name"));
         assert_eq!(acc.headroom(t, H100), None);
         assert!(acc.allows(t, H100, u64::MAX));
@@ -357,7 +382,10 @@ mod tests {
     fn dominant_share_is_the_largest_share_over_weight() {
         let mut teams = [team("a", None, &[]), team("b", None, &[])];
         teams[1].weight = 2.0;
-        let cap = HashMap::from([(GpuModel::H100_80GB, 8_000u64), (GpuModel::T4, 4_000)]);
+        let cap: FxHashMap<GpuModel, u64> =
+            [(GpuModel::H100_80GB, 8_000u64), (GpuModel::T4, 4_000)]
+                .into_iter()
+                .collect();
         let mut acc = Accounts::new(&teams, cap, 100_000);
         acc.charge(0, &whole(2), Some(GpuModel::T4), 10_000, 1);
         acc.charge(1, &whole(2), Some(GpuModel::T4), 10_000, 1);

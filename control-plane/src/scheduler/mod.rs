@@ -33,7 +33,9 @@ pub mod snapshot;
 pub mod state;
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
 
 use chrono::{DateTime, Utc};
 use spotplane_core::mig::MigClass;
@@ -128,13 +130,13 @@ struct FailKey {
 /// failed with (cpu, mem) fails again with as much or more of both: a failure dominates.
 #[derive(Debug)]
 struct FailMemo<K> {
-    failed: HashMap<K, Vec<(i64, i64)>>,
+    failed: FxHashMap<K, Vec<(i64, i64)>>,
 }
 
 impl<K> Default for FailMemo<K> {
     fn default() -> Self {
         FailMemo {
-            failed: HashMap::new(),
+            failed: FxHashMap::default(),
         }
     }
 }
@@ -174,6 +176,8 @@ impl Ord for Share {
 struct Cycle<'a> {
     /// Preemption searches made this cycle.
     preemption_work: usize,
+    /// Per running job (snapshot index): the work a preemption would lose.
+    costs: Vec<u64>,
     snap: &'a Snapshot,
     policy: &'a dyn PackingPolicy,
     cfg: &'a SchedulerConfig,
@@ -182,10 +186,10 @@ struct Cycle<'a> {
     accounts: Accounts,
     /// Running jobs by id: their team index and whether they are draining (or chosen as
     /// victims this cycle).
-    running: HashMap<JobId, (usize, bool)>,
+    running: FxHashMap<JobId, (usize, bool)>,
     failed: FailMemo<FailKey>,
     /// Policy scores by (node, request shape), with the node version they were computed at.
-    scores: HashMap<(u32, ScoreKey), (u32, packing::Choice)>,
+    scores: FxHashMap<(u32, ScoreKey), (u32, packing::Choice)>,
     /// Re-layouts that found nothing, and preemptions that found no victims, this cycle.
     failed_relayout: FailMemo<FailKey>,
     failed_preempt: FailMemo<(usize, i32, FailKey)>,
@@ -205,7 +209,7 @@ pub fn schedule(
 ) -> Decisions {
     // 1. The working state: capacity minus what running jobs hold.
     let mut state = State::new(&snap.nodes);
-    let mut gpu_capacity: HashMap<GpuModel, u64> = HashMap::new();
+    let mut gpu_capacity: FxHashMap<GpuModel, u64> = FxHashMap::default();
     let mut cpu_capacity = 0;
     for n in &snap.nodes {
         if let Some(m) = n.gpu_model {
@@ -216,7 +220,7 @@ pub fn schedule(
     }
     // 2. Accounts.
     let mut accounts = Accounts::new(&snap.teams, gpu_capacity, cpu_capacity);
-    let mut running = HashMap::new();
+    let mut running = FxHashMap::default();
     for job in &snap.running {
         let team = accounts.team(&job.team);
         running.insert(job.id, (team, job.draining));
@@ -252,8 +256,29 @@ pub fn schedule(
         }
     }
 
+    // What preempting each running job would lose: GPU-milli × replicas × seconds since its
+    // last checkpoint. Each team's jobs cheapest first, once per cycle.
+    let costs: Vec<u64> = snap
+        .running
+        .iter()
+        .map(|r| {
+            let secs = (now - r.progress_since).num_seconds().max(0) as u64;
+            u64::from(r.shape.gpu.gpu_milli().max(1)) * r.placements.len() as u64 * secs
+        })
+        .collect();
+    for jobs in &mut by_team {
+        jobs.sort_by_key(|&k| {
+            (
+                costs[k],
+                snap.running[k].priority,
+                Reverse(snap.running[k].id),
+            )
+        });
+    }
+
     let mut cycle = Cycle {
         preemption_work: 0,
+        costs,
         snap,
         policy,
         cfg,
@@ -262,7 +287,7 @@ pub fn schedule(
         accounts,
         running,
         failed: FailMemo::default(),
-        scores: HashMap::new(),
+        scores: FxHashMap::default(),
         failed_relayout: FailMemo::default(),
         failed_preempt: FailMemo::default(),
         models,
@@ -769,7 +794,7 @@ impl<'a> Cycle<'a> {
         let snap: &'a Snapshot = self.snap;
         let shape = &job.shape.gpu;
         let cohort = self.accounts.teams[team].cohort.clone();
-        let mut candidates: Vec<(&'a RunningJob, PreemptionReason)> = Vec::new();
+        let mut candidates: Vec<(usize, &'a RunningJob, PreemptionReason)> = Vec::new();
         for (owner, jobs) in self.by_team.iter().enumerate() {
             let same_team = owner == team;
             let same_cohort = !quota_only
@@ -815,7 +840,7 @@ impl<'a> Cycle<'a> {
                 }
                 if same_team {
                     if r.priority < job.priority {
-                        candidates.push((r, PreemptionReason::Priority));
+                        candidates.push((k, r, PreemptionReason::Priority));
                     }
                 } else {
                     let theirs = r.placements.first().and_then(|p| {
@@ -825,18 +850,17 @@ impl<'a> Cycle<'a> {
                             .map(|(res, _)| res)
                     });
                     if theirs.is_some_and(|f| reclaim_flavours.contains(&f)) {
-                        candidates.push((r, PreemptionReason::Reclaim));
+                        candidates.push((k, r, PreemptionReason::Reclaim));
                     }
                 }
             }
         }
-        let now = self.now;
-        let cost = |r: &RunningJob| {
-            let secs = (now - r.progress_since).num_seconds().max(0) as u64;
-            u64::from(r.shape.gpu.gpu_milli().max(1)) * r.placements.len() as u64 * secs
-        };
-        candidates.sort_by_key(|(r, _)| (cost(r), r.priority, Reverse(r.id)));
+        // Each team's list is already cheapest first; merge the teams' lists.
+        candidates.sort_by_key(|(k, r, _)| (self.costs[*k], r.priority, Reverse(r.id)));
         candidates
+            .into_iter()
+            .map(|(_, r, reason)| (r, reason))
+            .collect()
     }
 
     /// For a single replica: per node, the cheapest victims whose release lets the replica fit
@@ -856,7 +880,7 @@ impl<'a> Cycle<'a> {
             zone: None,
         };
         // Candidates by node, in cost order.
-        let mut by_node: HashMap<u32, Vec<usize>> = HashMap::new();
+        let mut by_node: FxHashMap<u32, Vec<usize>> = FxHashMap::default();
         let mut order: Vec<u32> = Vec::new();
         for (c, (r, _)) in candidates.iter().enumerate() {
             for p in &r.placements {

@@ -7,7 +7,7 @@
 //! smallest first (best fit), and stops after a bounded number of candidates, which the packing
 //! policy then scores. Every placement updates the buckets of the one node it touched.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use spotplane_core::mig::MigClass;
 use spotplane_core::{Cloud, GpuModel, Market, MigInstance, MigLayout, NodeId};
@@ -97,10 +97,10 @@ struct BucketIndex {
 #[derive(Debug, Clone)]
 pub struct State {
     pub nodes: Vec<NodeState>,
-    pub by_id: HashMap<NodeId, u32>,
+    pub by_id: FxHashMap<NodeId, u32>,
     pub zones: Vec<String>,
     /// Per (model, slot).
-    indexes: HashMap<(GpuModel, usize), BucketIndex>,
+    indexes: FxHashMap<(GpuModel, usize), BucketIndex>,
     /// Nodes that can take CPU-only replicas, in index order.
     cpu_nodes: Vec<u32>,
 }
@@ -118,7 +118,7 @@ impl State {
     pub fn new(snap_nodes: &[NodeSnap]) -> State {
         let mut zones: Vec<String> = Vec::new();
         let mut nodes = Vec::with_capacity(snap_nodes.len());
-        let mut by_id = HashMap::with_capacity(snap_nodes.len());
+        let mut by_id = FxHashMap::with_capacity_and_hasher(snap_nodes.len(), Default::default());
         for (i, n) in snap_nodes.iter().enumerate() {
             let zone = match zones.iter().position(|z| *z == n.zone) {
                 Some(z) => z as u16,
@@ -170,7 +170,7 @@ impl State {
             nodes,
             by_id,
             zones,
-            indexes: HashMap::new(),
+            indexes: FxHashMap::default(),
             cpu_nodes: Vec::new(),
         }
     }

@@ -949,6 +949,41 @@ fn check(snap: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
             PreemptionReason::Reclaim => prop_assert_ne!(&v.team, &j.team),
         }
     }
+    // A team never borrows more than the rest of its cohort has to lend (with nothing running
+    // before the cycle, that is the others' nominal quotas).
+    if snap.running.is_empty() {
+        let h = QuotaResource::Gpu(H100);
+        let nominal = |t: &TeamSnap| t.quotas.get(&h).map_or(0, |q| u64::from(q.nominal) * 1000);
+        for t in snap
+            .teams
+            .iter()
+            .filter(|t| t.cohort.is_some() && t.quotas.contains_key(&h))
+        {
+            let used: u64 = d
+                .admissions
+                .iter()
+                .filter_map(|a| {
+                    snap.queued
+                        .iter()
+                        .find(|q| q.id == a.job && q.team == t.name)
+                        .map(|q| (a, q))
+                })
+                .map(|(a, q)| a.placements.len() as u64 * u64::from(q.shape.gpu.gpu_milli()))
+                .sum();
+            let others: u64 = snap
+                .teams
+                .iter()
+                .filter(|o| o.name != t.name && o.cohort == t.cohort)
+                .map(nominal)
+                .sum();
+            let borrowed = used.saturating_sub(nominal(t));
+            prop_assert!(
+                borrowed <= others,
+                "team {} borrows {borrowed} of the {others} its cohort has",
+                t.name
+            );
+        }
+    }
     // Usage within nominal + borrowing limit for teams with a limit.
     for t in &snap.teams {
         for (res, q) in &t.quotas {
@@ -1028,4 +1063,29 @@ fn unknown_nodes_in_placements_are_ignored() {
         teams: vec![],
     };
     assert_eq!(admitted(&run(&snap)), vec![jid(1)]);
+}
+
+#[test]
+fn a_team_at_its_quota_makes_room_by_preempting_its_own_lower_priority_work() {
+    let snap = Snapshot {
+        nodes: vec![node(1, H100, 8, "a")],
+        running: (0..2)
+            .map(|g| {
+                running(
+                    10 + g,
+                    "t",
+                    whole(1),
+                    100,
+                    vec![(1, Assigned::Whole(vec![g as u32]))],
+                    1,
+                )
+            })
+            .collect(),
+        queued: vec![queued(1, "t", whole(1), 1, 1000)],
+        teams: vec![team("t", 1.0, None, &[(QuotaResource::Gpu(H100), 2, None)])],
+    };
+    let d = run(&snap);
+    assert_eq!(d.preemptions.len(), 1, "{d:?}");
+    assert_eq!(d.preemptions[0].reason, PreemptionReason::Priority);
+    assert_eq!(d.unmet[0].reason, WaitReason::WaitingForPreemption);
 }
