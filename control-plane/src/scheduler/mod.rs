@@ -40,6 +40,7 @@ use rustc_hash::FxHashMap;
 use chrono::{DateTime, Utc};
 use spotplane_core::mig::MigClass;
 use spotplane_core::shape::GpuShape;
+use spotplane_core::team::QuotaResource;
 use spotplane_core::{Cloud, GpuModel, JobId, Market, MigInstance, MigLayout};
 
 use fairshare::Accounts;
@@ -957,12 +958,51 @@ impl<'a> Cycle<'a> {
         models: &[GpuModel],
         candidates: Vec<(&'a RunningJob, PreemptionReason)>,
     ) -> Option<Vec<(&'a RunningJob, PreemptionReason)>> {
+        // Only victims that free what the job lacks: GPUs of a model it may use (and, for a
+        // GPU job, not CPU-only work), or the quota flavour it needs.
+        let gpu_job = !matches!(job.shape.gpu, GpuShape::Whole { gpus: 0, .. });
+        let needed_flavours: Vec<QuotaResource> = models
+            .iter()
+            .filter_map(|m| {
+                self.accounts
+                    .flavour(team, &job.shape.gpu, Some(*m))
+                    .map(|(res, _)| res)
+            })
+            .collect();
+        let helps = |this: &Self, r: &RunningJob| -> bool {
+            let Some(&(owner, _)) = this.running.get(&r.id) else {
+                return false;
+            };
+            let model = r
+                .placements
+                .first()
+                .and_then(|p| this.state.by_id.get(&p.node))
+                .and_then(|&i| this.state.nodes[i as usize].model);
+            if gpu_job
+                && (matches!(r.shape.gpu, GpuShape::Whole { gpus: 0, .. })
+                    || !model.is_some_and(|m| models.contains(&m)))
+            {
+                return false;
+            }
+            needed_flavours.is_empty()
+                || this
+                    .accounts
+                    .flavour(owner, &r.shape.gpu, model)
+                    .is_some_and(|(res, _)| needed_flavours.contains(&res))
+        };
         let mut released: Vec<(&'a RunningJob, PreemptionReason)> = Vec::new();
         let mut fits = false;
-        for (victim, reason) in candidates.into_iter().take(self.cfg.preemption_candidates) {
-            if reason == PreemptionReason::Reclaim && !self.still_borrowing(victim) {
+        let mut tried = 0;
+        for (victim, reason) in candidates {
+            if tried >= self.cfg.preemption_candidates {
+                break;
+            }
+            if !helps(self, victim)
+                || (reason == PreemptionReason::Reclaim && !self.still_borrowing(victim))
+            {
                 continue;
             }
+            tried += 1;
             self.release(victim);
             released.push((victim, reason));
             if self.fits_now(job, need, team, models) {

@@ -42,6 +42,9 @@ impl SpecCache {
     }
 }
 
+/// (id, state, priority, updated_at, state_reason) of a job the scheduler looks at.
+type JobRow = (String, String, i32, DateTime<Utc>, Option<String>);
+
 /// Job states that hold capacity.
 const HOLDING: [JobState; 4] = [
     JobState::Admitted,
@@ -151,37 +154,15 @@ impl Store {
         // Jobs: the columns the scheduler needs; specs from the cache, parsed once.
         let mut wanted: Vec<String> = HOLDING.iter().map(|s| s.to_string()).collect();
         wanted.push(JobState::Queued.to_string());
-        let rows: Vec<(
-            String,
-            String,
-            i32,
-            i64,
-            chrono::DateTime<Utc>,
-            Option<String>,
-        )> = job::Entity::find()
+        let rows: Vec<JobRow> = job::Entity::find()
             .select_only()
-            .columns([
-                job::Column::Id,
-                job::Column::State,
-                job::Column::Priority,
-                job::Column::Attempt,
-            ])
+            .columns([job::Column::Id, job::Column::State, job::Column::Priority])
             .column(job::Column::UpdatedAt)
             .column(job::Column::StateReason)
             .filter(job::Column::State.is_in(wanted))
-            .into_tuple::<(
-                String,
-                String,
-                i32,
-                i32,
-                chrono::DateTime<Utc>,
-                Option<String>,
-            )>()
+            .into_tuple::<JobRow>()
             .all(&self.read)
-            .await?
-            .into_iter()
-            .map(|(a, b, c, d, e, f)| (a, b, c, i64::from(d), e, f))
-            .collect();
+            .await?;
         let missing: Vec<String> = rows
             .iter()
             .filter(|r| !cache.specs.contains_key(&r.0))
@@ -233,7 +214,7 @@ impl Store {
 
         let mut running = Vec::new();
         let mut queued = Vec::new();
-        for (id, state, priority, _attempt, updated_at, reason) in rows {
+        for (id, state, priority, updated_at, reason) in rows {
             let Some((jid, spec)) = cache.specs.get(&id) else {
                 continue;
             };
