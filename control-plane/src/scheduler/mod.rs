@@ -990,6 +990,30 @@ impl<'a> Cycle<'a> {
                     .flavour(owner, &r.shape.gpu, model)
                     .is_some_and(|(res, _)| needed_flavours.contains(&res))
         };
+        let candidates: Vec<(&'a RunningJob, PreemptionReason)> = candidates
+            .into_iter()
+            .filter(|(v, _)| helps(self, v))
+            .take(self.cfg.preemption_candidates)
+            .collect();
+        // Quota is necessary: if even all of these victims would not free enough of it, stop
+        // before any placement attempt.
+        for (v, _) in &candidates {
+            self.charge_job(v, -1);
+        }
+        let quota_possible = models.iter().any(|m| {
+            self.accounts
+                .flavour(team, &job.shape.gpu, Some(*m))
+                .is_none_or(|(res, amount)| {
+                    self.accounts
+                        .allows(team, res, amount * u64::from(job.replicas))
+                })
+        });
+        for (v, _) in &candidates {
+            self.charge_job(v, 1);
+        }
+        if !quota_possible {
+            return None;
+        }
         let mut released: Vec<(&'a RunningJob, PreemptionReason)> = Vec::new();
         let mut fits = false;
         let mut tried = 0;
@@ -1114,6 +1138,24 @@ impl<'a> Cycle<'a> {
             let model = self.state.nodes[i as usize].model;
             self.accounts
                 .charge(team, &r.shape.gpu, model, u64::from(r.shape.cpu_milli), -1);
+        }
+    }
+
+    /// Charges (or with -1, refunds) a running job's usage in the accounts only.
+    fn charge_job(&mut self, r: &RunningJob, sign: i8) {
+        let team = self.running.get(&r.id).map_or(0, |t| t.0);
+        for p in &r.placements {
+            let Some(&i) = self.state.by_id.get(&p.node) else {
+                continue;
+            };
+            let model = self.state.nodes[i as usize].model;
+            self.accounts.charge(
+                team,
+                &r.shape.gpu,
+                model,
+                u64::from(r.shape.cpu_milli),
+                sign,
+            );
         }
     }
 
