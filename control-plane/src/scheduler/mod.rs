@@ -117,11 +117,15 @@ fn want_on(shape: &GpuShape, model: GpuModel) -> Option<Want> {
 }
 
 /// The key under which a failed placement is remembered for the rest of the cycle.
+/// The key under which a failed attempt is remembered for the rest of the cycle: the job's
+/// request class (shape, replicas and constraints) and the models its quota allowed.
+type FailKey = (u32, frag::ModelSet);
+
+/// What makes two jobs' requests the same for placement, CPU and memory aside.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct FailKey {
+struct RequestClass {
     shape: GpuShape,
     replicas: u32,
-    models: Vec<GpuModel>,
     clouds: Vec<Cloud>,
     regions: Vec<String>,
     spot: bool,
@@ -194,8 +198,9 @@ struct Cycle<'a> {
     /// Re-layouts that found nothing, and preemptions that found no victims, this cycle.
     failed_relayout: FailMemo<FailKey>,
     failed_preempt: FailMemo<(usize, i32, FailKey)>,
-    /// GPU models present, and the running jobs of each team (indexes into the snapshot).
-    models: Vec<GpuModel>,
+    /// The running jobs of each team (indexes into the snapshot), cheapest victims first.
+    /// Per request class: the models its shape may use.
+    classes: Vec<Vec<GpuModel>>,
     by_team: Vec<Vec<usize>>,
     seq: u64,
     out: Decisions,
@@ -291,23 +296,45 @@ pub fn schedule(
         scores: FxHashMap::default(),
         failed_relayout: FailMemo::default(),
         failed_preempt: FailMemo::default(),
-        models,
+        classes: Vec::new(),
         by_team,
         seq: 0,
         out: Decisions::default(),
     };
 
     // 3. Per-team queues, best first: priority, requeued, then FIFO (ids are time-ordered).
-    let mut queues: Vec<Vec<&QueuedJob>> = vec![Vec::new(); cycle.accounts.teams.len()];
+    // Jobs with the same request share a class, interned once, so the cycle's memos are keyed
+    // by small integers.
+    let mut queues: Vec<Vec<(&QueuedJob, u32)>> = vec![Vec::new(); cycle.accounts.teams.len()];
+    let mut interned: FxHashMap<RequestClass, u32> = FxHashMap::default();
     for job in &snap.queued {
         let t = cycle.accounts.team(&job.team);
         if queues.len() <= t {
             queues.resize_with(t + 1, Vec::new);
         }
-        queues[t].push(job);
+        let rc = RequestClass {
+            shape: job.shape.gpu.clone(),
+            replicas: job.replicas,
+            clouds: job.clouds.clone(),
+            regions: job.regions.clone(),
+            spot: job.spot,
+        };
+        let next = interned.len() as u32;
+        let class = *interned.entry(rc).or_insert_with(|| {
+            let shape = &job.shape.gpu;
+            cycle.classes.push(
+                models
+                    .iter()
+                    .copied()
+                    .filter(|m| shape.allows_model(*m) && want_on(shape, *m).is_some())
+                    .collect(),
+            );
+            next
+        });
+        queues[t].push((job, class));
     }
     for q in &mut queues {
-        q.sort_by_key(|j| (Reverse(j.priority), Reverse(j.requeued), j.id));
+        q.sort_by_key(|(j, _)| (Reverse(j.priority), Reverse(j.requeued), j.id));
         q.reverse(); // pop() takes from the back
     }
 
@@ -319,8 +346,10 @@ pub fn schedule(
         }
     }
     while let Some(Reverse((_, t))) = heap.pop() {
-        let Some(job) = queues[t].pop() else { continue };
-        cycle.try_job(t, job);
+        let Some((job, class)) = queues[t].pop() else {
+            continue;
+        };
+        cycle.try_job(t, job, class);
         if !queues[t].is_empty() {
             heap.push(Reverse((Share(cycle.accounts.dominant_share(t)), t)));
         }
@@ -329,36 +358,31 @@ pub fn schedule(
 }
 
 impl<'a> Cycle<'a> {
-    fn try_job(&mut self, team: usize, job: &QueuedJob) {
+    fn try_job(&mut self, team: usize, job: &QueuedJob, class: u32) {
         let shape = &job.shape.gpu;
         let need = Need {
             cpu: i64::from(job.shape.cpu_milli),
             mem: job.shape.memory_mib as i64,
         };
         // a. Models the shape allows, then those the quota allows for the whole gang.
-        let mut models: Vec<GpuModel> = self
-            .models
-            .iter()
-            .copied()
-            .filter(|m| shape.allows_model(*m) && want_on(shape, *m).is_some())
-            .collect();
+        let class_models = &self.classes[class as usize];
         let cpu_only = matches!(shape, GpuShape::Whole { gpus: 0, .. });
-        let before_quota = models.len();
-        models.retain(|m| match self.accounts.flavour(team, shape, Some(*m)) {
-            Some((res, amount)) => {
-                self.accounts
-                    .allows(team, res, amount * u64::from(job.replicas))
+        let mut models: Vec<GpuModel> = Vec::with_capacity(class_models.len());
+        for &m in class_models {
+            let ok = match self.accounts.flavour(team, shape, Some(m)) {
+                Some((res, amount)) => {
+                    self.accounts
+                        .allows(team, res, amount * u64::from(job.replicas))
+                }
+                None => true,
+            };
+            if ok {
+                models.push(m);
             }
-            None => true,
-        });
-        if !cpu_only && models.is_empty() && before_quota > 0 {
+        }
+        if !cpu_only && models.is_empty() && !class_models.is_empty() {
             // Over quota: only the team's own lower-priority work can make room.
-            let all: Vec<GpuModel> = self
-                .state
-                .models()
-                .into_iter()
-                .filter(|m| shape.allows_model(*m))
-                .collect();
+            let all = self.classes[class as usize].clone();
             if self.cfg.preemption && self.preempt(team, job, need, &all, true) {
                 return;
             }
@@ -366,14 +390,7 @@ impl<'a> Cycle<'a> {
             return;
         }
         // b. Place the gang.
-        let key = FailKey {
-            shape: shape.clone(),
-            replicas: job.replicas,
-            models: models.clone(),
-            clouds: job.clouds.clone(),
-            regions: job.regions.clone(),
-            spot: job.spot,
-        };
+        let key: FailKey = (class, frag::ModelSet::of(&models));
         // A constant-time bound first: if the GPUs of every allowed model together cannot
         // take the gang, no scan is needed, and no CPU or memory figure changes that.
         let slots: u64 = models

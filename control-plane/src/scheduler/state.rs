@@ -103,6 +103,8 @@ pub struct State {
     indexes: FxHashMap<(GpuModel, usize), BucketIndex>,
     /// Nodes that can take CPU-only replicas, in index order.
     cpu_nodes: Vec<u32>,
+    /// Whether [`State::index`] has run; before, changes skip the indexes.
+    indexed: bool,
 }
 
 /// A request for one replica, resolved to what the indexes understand.
@@ -172,6 +174,7 @@ impl State {
             zones,
             indexes: FxHashMap::default(),
             cpu_nodes: Vec::new(),
+            indexed: false,
         }
     }
 
@@ -180,6 +183,7 @@ impl State {
         self.cpu_nodes = (0..self.nodes.len() as u32)
             .filter(|&i| self.nodes[i as usize].schedulable)
             .collect();
+        self.indexed = true;
         for i in 0..self.nodes.len() as u32 {
             self.reindex(i);
         }
@@ -223,6 +227,9 @@ impl State {
     /// Moves node `i` to the buckets its current free capacity belongs in.
     pub fn reindex(&mut self, i: u32) {
         self.nodes[i as usize].version = self.nodes[i as usize].version.wrapping_add(1);
+        if !self.indexed {
+            return;
+        }
         let node = &self.nodes[i as usize];
         let Some(model) = node.model else { return };
         let keys = Self::keys(node);
