@@ -399,7 +399,7 @@ impl<'a> Cycle<'a> {
             .fold(0u64, u64::saturating_add);
         let gpu_possible = cpu_only || slots >= u64::from(job.replicas);
         if !gpu_possible {
-            self.failed.record(key.clone(), Need { cpu: 0, mem: 0 });
+            self.failed.record(key, Need { cpu: 0, mem: 0 });
         }
         if gpu_possible && !self.failed.has_failed(&key, need) {
             if let Some(placed) = self.place_gang(job, need, &models) {
@@ -420,10 +420,10 @@ impl<'a> Cycle<'a> {
                 });
                 return;
             }
-            self.failed.record(key.clone(), need);
+            self.failed.record(key, need);
         }
         // c. Preemption.
-        let preempt_key = (team, job.priority, key.clone());
+        let preempt_key = (team, job.priority, key);
         if self.cfg.preemption && !self.failed_preempt.has_failed(&preempt_key, need) {
             if self.preempt(team, job, need, &models, false) {
                 return;
