@@ -41,7 +41,7 @@ use chrono::{DateTime, Utc};
 use spotplane_core::mig::MigClass;
 use spotplane_core::shape::GpuShape;
 use spotplane_core::team::QuotaResource;
-use spotplane_core::{Cloud, GpuModel, JobId, Market, MigInstance, MigLayout};
+use spotplane_core::{Cloud, GpuModel, Market, MigInstance, MigLayout};
 
 use fairshare::Accounts;
 use packing::{Devices, PackNode, PackPod, PackingPolicy, ScoreCtx};
@@ -191,7 +191,7 @@ struct Cycle<'a> {
     accounts: Accounts,
     /// Running jobs by id: their team index and whether they are draining (or chosen as
     /// victims this cycle).
-    running: FxHashMap<JobId, (usize, bool)>,
+    running: Vec<(usize, bool)>,
     failed: FailMemo<FailKey>,
     /// Policy scores by (node, request shape), with the node version they were computed at.
     scores: FxHashMap<(u32, ScoreKey), (u32, packing::Choice)>,
@@ -226,10 +226,10 @@ pub fn schedule(
     }
     // 2. Accounts.
     let mut accounts = Accounts::new(&snap.teams, gpu_capacity, cpu_capacity);
-    let mut running = FxHashMap::default();
+    let mut running = Vec::with_capacity(snap.running.len());
     for job in &snap.running {
         let team = accounts.team(&job.team);
-        running.insert(job.id, (team, job.draining));
+        running.push((team, job.draining));
         for p in &job.placements {
             let Some(&i) = state.by_id.get(&p.node) else {
                 continue;
@@ -253,8 +253,8 @@ pub fn schedule(
     state.index();
     let models = state.models();
     let mut by_team: Vec<Vec<usize>> = vec![Vec::new(); accounts.teams.len()];
-    for (k, job) in snap.running.iter().enumerate() {
-        if let Some(&(t, _)) = running.get(&job.id) {
+    for k in 0..snap.running.len() {
+        if let Some(&(t, _)) = running.get(k) {
             if by_team.len() <= t {
                 by_team.resize_with(t + 1, Vec::new);
             }
@@ -334,7 +334,7 @@ pub fn schedule(
         queues[t].push((job, class));
     }
     for q in &mut queues {
-        q.sort_by_key(|(j, _)| (Reverse(j.priority), Reverse(j.requeued), j.id));
+        q.sort_unstable_by_key(|(j, _)| (Reverse(j.priority), Reverse(j.requeued), j.id));
         q.reverse(); // pop() takes from the back
     }
 
@@ -358,6 +358,24 @@ pub fn schedule(
 }
 
 impl<'a> Cycle<'a> {
+    /// Position of a running job in the snapshot (it is always an element of
+    /// `snap.running`): plain address arithmetic, so no lookup is needed.
+    fn run_index(&self, r: &RunningJob) -> Option<usize> {
+        let base = self.snap.running.as_ptr() as usize;
+        let addr = r as *const RunningJob as usize;
+        let k = addr.checked_sub(base)? / std::mem::size_of::<RunningJob>().max(1);
+        (k < self.snap.running.len()).then_some(k)
+    }
+
+    /// (team, draining) of a running job.
+    fn run_entry(&self, r: &RunningJob) -> Option<&(usize, bool)> {
+        self.run_index(r).and_then(|k| self.running.get(k))
+    }
+
+    fn run_entry_mut(&mut self, r: &RunningJob) -> Option<&mut (usize, bool)> {
+        self.run_index(r).and_then(|k| self.running.get_mut(k))
+    }
+
     fn try_job(&mut self, team: usize, job: &QueuedJob, class: u32) {
         let shape = &job.shape.gpu;
         let need = Need {
@@ -770,7 +788,7 @@ impl<'a> Cycle<'a> {
             let draining: Vec<&RunningJob> = snap
                 .running
                 .iter()
-                .filter(|r| self.running.get(&r.id).is_some_and(|(_, d)| *d))
+                .filter(|r| self.run_entry(r).is_some_and(|(_, d)| *d))
                 .collect();
             if !draining.is_empty() && self.fits_after_releasing(job, need, models, &draining) {
                 self.unmet(job, WaitReason::WaitingForPreemption);
@@ -788,7 +806,7 @@ impl<'a> Cycle<'a> {
         };
         let Some(victims) = chosen else { return false };
         for (v, reason) in &victims {
-            if let Some(entry) = self.running.get_mut(&v.id) {
+            if let Some(entry) = self.run_entry_mut(v) {
                 entry.1 = true;
             }
             self.out.preemptions.push(Preemption {
@@ -849,11 +867,7 @@ impl<'a> Cycle<'a> {
             }
             for &k in jobs {
                 let r = &snap.running[k];
-                if self
-                    .running
-                    .get(&r.id)
-                    .is_none_or(|(_, draining)| *draining)
-                {
+                if self.running.get(k).is_none_or(|(_, draining)| *draining) {
                     continue;
                 }
                 if same_team {
@@ -987,7 +1001,7 @@ impl<'a> Cycle<'a> {
             })
             .collect();
         let helps = |this: &Self, r: &RunningJob| -> bool {
-            let Some(&(owner, _)) = this.running.get(&r.id) else {
+            let Some(&(owner, _)) = this.run_entry(r) else {
                 return false;
             };
             let model = r
@@ -1078,7 +1092,7 @@ impl<'a> Cycle<'a> {
 
     /// Whether a reclaim victim's team still borrows what the victim uses.
     fn still_borrowing(&self, victim: &RunningJob) -> bool {
-        let Some(&(owner, _)) = self.running.get(&victim.id) else {
+        let Some(&(owner, _)) = self.run_entry(victim) else {
             return false;
         };
         victim.placements.first().is_some_and(|p| {
@@ -1141,7 +1155,7 @@ impl<'a> Cycle<'a> {
     }
 
     fn release(&mut self, r: &RunningJob) {
-        let team = self.running.get(&r.id).map_or(0, |t| t.0);
+        let team = self.run_entry(r).map_or(0, |t| t.0);
         for p in &r.placements {
             let Some(&i) = self.state.by_id.get(&p.node) else {
                 continue;
@@ -1160,7 +1174,7 @@ impl<'a> Cycle<'a> {
 
     /// Charges (or with -1, refunds) a running job's usage in the accounts only.
     fn charge_job(&mut self, r: &RunningJob, sign: i8) {
-        let team = self.running.get(&r.id).map_or(0, |t| t.0);
+        let team = self.run_entry(r).map_or(0, |t| t.0);
         for p in &r.placements {
             let Some(&i) = self.state.by_id.get(&p.node) else {
                 continue;
@@ -1177,7 +1191,7 @@ impl<'a> Cycle<'a> {
     }
 
     fn restore(&mut self, r: &RunningJob) {
-        let team = self.running.get(&r.id).map_or(0, |t| t.0);
+        let team = self.run_entry(r).map_or(0, |t| t.0);
         for p in &r.placements {
             let Some(&i) = self.state.by_id.get(&p.node) else {
                 continue;
