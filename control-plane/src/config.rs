@@ -21,6 +21,7 @@ pub const DEFAULT_TOML: &str = include_str!("../../config/spotplane.toml");
 pub struct Config {
     pub server: ServerConfig,
     pub database: DatabaseConfig,
+    pub scheduler: SchedulerSettings,
     pub object_store: ObjectStoreConfig,
     pub log: LogConfig,
     pub dev: DevConfig,
@@ -49,6 +50,19 @@ pub struct DatabaseConfig {
     pub schema: Option<String>,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerSettings {
+    pub enabled: bool,
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Packing policy by name.
+    pub policy: String,
+    pub candidates: usize,
+    pub preemption: bool,
+    pub dynamic_mig: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,6 +211,22 @@ impl Config {
                 "database.schema",
                 "must be a plain identifier (letters, digits, '_')",
             );
+        }
+        if !crate::scheduler::policies::NAMES.contains(&self.scheduler.policy.as_str()) {
+            errs.push(
+                "scheduler.policy",
+                format!(
+                    "unknown policy {:?}; one of {}",
+                    self.scheduler.policy,
+                    crate::scheduler::policies::NAMES.join(", ")
+                ),
+            );
+        }
+        if self.scheduler.interval < Duration::from_millis(100) {
+            errs.push("scheduler.interval", "must be at least 100ms");
+        }
+        if !(1..=10_000).contains(&self.scheduler.candidates) {
+            errs.push("scheduler.candidates", "must be between 1 and 10000");
         }
         match self.object_store.url.split_once("://") {
             Some(("file" | "s3" | "gs" | "az" | "azure" | "abfs", rest)) if !rest.is_empty() => {}

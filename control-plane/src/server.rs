@@ -11,6 +11,7 @@ use crate::api::{self, AppState};
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::reconcile::scheduling::SchedulerLoop;
 use crate::store::{Bootstrap, Store};
 
 /// The shortest bootstrap admin token accepted: it is a password to the whole cluster.
@@ -62,7 +63,7 @@ impl Server {
                 }
             }
         }
-        let state = AppState::new(store, clock, metrics, &config.server);
+        let state = AppState::new(store.clone(), clock.clone(), metrics, &config.server);
         let listener =
             tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
                 .await
@@ -76,6 +77,10 @@ impl Server {
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await
         });
+        if config.scheduler.enabled {
+            let scheduling = SchedulerLoop::new(store, clock, config.scheduler.clone());
+            tokio::spawn(scheduling.run(cancel.clone()));
+        }
         state.set_ready(true);
         tracing::info!(%addr, "spotplane API listening");
         Ok(Server {

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use spotplane_core::job::JobSpec;
 use spotplane_core::{JobId, JobState, TeamName};
 
-use super::entity::{job, job_event, outbox};
+use super::entity::{allocation, job, job_event, outbox};
 use super::{Store, StoreError, from_json, parse_col};
 use crate::model::{Job, JobEvent, Page};
 
@@ -340,6 +340,15 @@ pub(crate) async fn job_event_in<C: ConnectionTrait>(
             "job {} changed concurrently; retry",
             row.id
         )));
+    }
+    // A job that stops holding capacity gives its allocations back in the same transaction.
+    if to == JobState::Queued || to.is_terminal() {
+        allocation::Entity::update_many()
+            .col_expr(allocation::Column::ReleasedAt, Expr::value(Some(now)))
+            .filter(allocation::Column::JobId.eq(row.id.clone()))
+            .filter(allocation::Column::ReleasedAt.is_null())
+            .exec(txn)
+            .await?;
     }
     let updated = job::Entity::find_by_id(row.id.clone())
         .one(txn)

@@ -22,6 +22,7 @@
 //! the last transactions. On PostgreSQL one pool does both.
 
 mod jobs;
+mod leader;
 mod nodes;
 mod outbox;
 mod scheduling;
@@ -51,6 +52,7 @@ use crate::config::{DatabaseConfig, DatabaseKind};
 use crate::metrics::Metrics;
 
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
+pub use leader::Leadership;
 pub use nodes::{NewGpu, NewNode};
 pub use outbox::OutboxEvent;
 pub use scheduling::{SpecCache, wait_text};

@@ -330,7 +330,9 @@ impl Store {
         .await
     }
 
-    /// Starts preempting a job: `-> draining` (its replicas checkpoint, then it requeues).
+    /// Preempts a job: a job already running checkpoints first (`-> draining`, then the
+    /// recovery path requeues it); one admitted but not started goes straight back to the
+    /// queue, ahead of its priority peers, its allocations released.
     pub async fn preempt_job(
         &self,
         victim: JobId,
@@ -344,7 +346,12 @@ impl Store {
                 format!("preempted: its team's borrowed quota is reclaimed for job {for_job}")
             }
         };
-        self.transition_job(victim, None, None, JobState::Draining, Some(why), now)
+        let current = self.get_job(victim, None).await?;
+        let (to, text) = match current.state {
+            JobState::Admitted => (JobState::Queued, format!("requeued: {why}")),
+            _ => (JobState::Draining, why),
+        };
+        self.transition_job(victim, None, Some(current.state), to, Some(text), now)
             .await
             .map(|_| ())
     }

@@ -39,6 +39,8 @@ impl TestDb {
         let mut config = Config::embedded_default().expect("embedded default parses");
         config.server.listen = "127.0.0.1:0".into();
         config.log.level = "warn".into();
+        // API tests drive the store themselves; scheduling tests run cycles explicitly.
+        config.scheduler.enabled = false;
         match backend {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().expect("tempdir");

@@ -1,0 +1,4 @@
+//! Reconcilers: loops that read the store, call a pure core, and write its decisions back.
+//! Only the leader replica runs them (see `store::leader`).
+
+pub mod scheduling;

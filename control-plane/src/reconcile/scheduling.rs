@@ -1,0 +1,169 @@
+//! The scheduling loop: read a snapshot from the store, run the pure scheduler on it, write
+//! its decisions back, one transaction each.
+//!
+//! A decision that no longer applies when it is written (the job was cancelled meanwhile) is
+//! skipped; the next cycle sees the new state. Nothing is kept between cycles but the parsed
+//! job specs, which never change.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SharedClock;
+use crate::config::SchedulerSettings;
+use crate::scheduler::policies::{self, typical_from_shapes};
+use crate::scheduler::{SchedulerConfig, schedule};
+use crate::store::{SpecCache, Store, StoreError};
+
+/// What one cycle did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CycleReport {
+    pub queued: usize,
+    pub running: usize,
+    pub admitted: usize,
+    pub preempted: usize,
+    pub relayouts: usize,
+    pub waiting: usize,
+    /// Decisions dropped because the job or node changed since the snapshot.
+    pub stale: usize,
+}
+
+pub struct SchedulerLoop {
+    store: Store,
+    clock: SharedClock,
+    settings: SchedulerSettings,
+    cache: SpecCache,
+}
+
+impl SchedulerLoop {
+    pub fn new(store: Store, clock: SharedClock, settings: SchedulerSettings) -> Self {
+        SchedulerLoop {
+            store,
+            clock,
+            settings,
+            cache: SpecCache::default(),
+        }
+    }
+
+    /// One cycle.
+    pub async fn run_once(&mut self) -> Result<CycleReport, StoreError> {
+        let snap = self.store.scheduler_snapshot(&mut self.cache).await?;
+        let reasons = self.store.queued_reasons().await?;
+        let now = self.clock.now();
+        let cfg = SchedulerConfig {
+            candidates: self.settings.candidates,
+            preemption: self.settings.preemption,
+            dynamic_mig: self.settings.dynamic_mig,
+            ..SchedulerConfig::default()
+        };
+        let policy_name = self.settings.policy.clone();
+        // The cycle is CPU work (up to a few hundred ms on a large cluster): off the runtime.
+        let (snap, decisions) = tokio::task::spawn_blocking(move || {
+            let typical = typical_from_shapes(
+                snap.queued.iter().map(|q| (&q.shape, q.replicas)).chain(
+                    snap.running
+                        .iter()
+                        .map(|r| (&r.shape, r.placements.len() as u32)),
+                ),
+            );
+            let policy = policies::by_name(&policy_name, Arc::new(typical.clone()))
+                .unwrap_or_else(|| Box::new(policies::BestFit));
+            let d = schedule(&snap, policy.as_ref(), &cfg, now);
+            (snap, d)
+        })
+        .await
+        .map_err(|e| StoreError::Connect(format!("scheduler task failed: {e}")))?;
+
+        let mut report = CycleReport {
+            queued: snap.queued.len(),
+            running: snap.running.len(),
+            waiting: decisions.unmet.len(),
+            ..CycleReport::default()
+        };
+        for a in &decisions.admissions {
+            match self.store.admit_job(a.job, &a.placements, now).await {
+                Ok(()) => report.admitted += 1,
+                Err(StoreError::Conflict(why) | StoreError::NotFound(why)) => {
+                    tracing::debug!(job = %a.job, %why, "admission dropped");
+                    report.stale += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for p in &decisions.preemptions {
+            match self
+                .store
+                .preempt_job(p.victim, p.for_job, p.reason, now)
+                .await
+            {
+                Ok(()) => report.preempted += 1,
+                Err(StoreError::Conflict(why) | StoreError::NotFound(why)) => {
+                    tracing::debug!(job = %p.victim, %why, "preemption dropped");
+                    report.stale += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for r in &decisions.repartitions {
+            match self
+                .store
+                .request_relayout(r.node, r.gpu, r.layout.as_ref(), now)
+                .await
+            {
+                Ok(()) => report.relayouts += 1,
+                Err(StoreError::NotFound(why)) => {
+                    tracing::debug!(%why, "re-layout dropped");
+                    report.stale += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let waits: Vec<_> = decisions.unmet.iter().map(|u| (u.job, u.reason)).collect();
+        self.store.set_wait_reasons(&waits, &reasons).await?;
+        Ok(report)
+    }
+
+    /// Runs cycles every `settings.interval` until cancelled, while this replica leads.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(self.settings.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut leader = None;
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if leader.is_none() {
+                match self.store.try_lead().await {
+                    Ok(Some(l)) => {
+                        tracing::info!("leading: running the scheduling loop");
+                        leader = Some(l);
+                    }
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot take leadership");
+                        continue;
+                    }
+                }
+            }
+            if let Some(l) = &mut leader
+                && !l.still_held().await
+            {
+                tracing::warn!("lost leadership");
+                leader = None;
+                continue;
+            }
+            match self.run_once().await {
+                Ok(r) if r.admitted + r.preempted + r.relayouts > 0 => {
+                    tracing::info!(?r, "scheduling cycle")
+                }
+                Ok(r) => tracing::debug!(?r, "scheduling cycle"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "scheduling cycle failed; retrying next tick");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
