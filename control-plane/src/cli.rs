@@ -34,6 +34,46 @@ pub enum Command {
     /// Load generators whose figures go into docs/benchmarks.md.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Print what the configured providers offer now, cheapest first.
+    Offers(OffersArgs),
+    /// Maintain the price catalogs in config/catalog/.
+    #[command(subcommand)]
+    Catalog(CatalogCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct OffersArgs {
+    /// Only this GPU model (e.g. H100-80GB, A100-40GB, L4).
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Only spot or only on-demand.
+    #[arg(long, value_parser = ["spot", "on-demand"])]
+    pub market: Option<String>,
+    /// Only offers with at least this many GPUs per node.
+    #[arg(long, default_value_t = 1)]
+    pub min_gpus: u32,
+    /// Sort by the price of one GPU-hour instead of the node-hour.
+    #[arg(long)]
+    pub per_gpu: bool,
+    /// Rows to print (0: all).
+    #[arg(long, default_value_t = 40)]
+    pub limit: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CatalogCommand {
+    /// Regenerate aws.csv and gcp.csv from the recorded market data (azure.csv is kept by hand).
+    Build {
+        /// The shared data folder.
+        #[arg(long, default_value = "../shared/data")]
+        data: PathBuf,
+        /// Where the catalogs go.
+        #[arg(long, default_value = "config/catalog")]
+        out: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

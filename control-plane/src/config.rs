@@ -12,6 +12,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 use spotplane_core::FieldErrors;
+use spotplane_providers::config::ProviderConfig;
 
 /// The embedded default, the same file users read in the repository.
 pub const DEFAULT_TOML: &str = include_str!("../../config/spotplane.toml");
@@ -25,6 +26,27 @@ pub struct Config {
     pub object_store: ObjectStoreConfig,
     pub log: LogConfig,
     pub dev: DevConfig,
+    pub sim: SimSettings,
+    #[serde(default)]
+    pub catalog: CatalogSettings,
+    /// The cloud accounts (or simulated clouds) capacity is bought from, one per cloud.
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimSettings {
+    /// The recorded traces simulated clouds replay (the repository's `../shared/data`).
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogSettings {
+    /// A folder of `aws.csv`, `gcp.csv`, `azure.csv` replacing the catalogs built in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -240,6 +262,21 @@ impl Config {
                 "must be a file://, s3://, gs:// or az:// URL",
             ),
         }
+        let mut clouds = Vec::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            let at = format!("providers[{i}]");
+            if clouds.contains(&p.cloud()) {
+                errs.push(
+                    format!("{at}.kind"),
+                    format!(
+                        "a second {} provider; one account per cloud is supported",
+                        p.cloud()
+                    ),
+                );
+            }
+            clouds.push(p.cloud());
+            p.validate(&at, &mut errs);
+        }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             errs.push(
                 "log.level",
@@ -363,5 +400,26 @@ mod tests {
 
         let err = load_with(&[], Some(&dir.path().join("absent.toml"))).expect_err("missing file");
         assert!(matches!(err, ConfigError::Missing(_)));
+    }
+
+    #[test]
+    fn providers_come_from_the_default_and_a_file_replaces_the_list() {
+        let c = Config::embedded_default().expect("parses");
+        let clouds: Vec<_> = c.providers.iter().map(|p| p.cloud().to_string()).collect();
+        assert_eq!(clouds, ["aws", "gcp", "azure"]);
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[[providers]]\nkind = \"sim\"\nflavour = \"gcp\"\n\n[[providers]]\nkind = \"sim\"\nflavour = \"gcp\"\nerror_rate = 2.0\n",
+        )
+        .expect("write");
+        let err = load_with(&[], Some(&path)).expect_err("two gcp providers");
+        let ConfigError::Invalid(errs) = err else {
+            panic!("expected validation errors, got {err}");
+        };
+        let fields: Vec<_> = errs.iter().map(|e| e.field.clone()).collect();
+        assert_eq!(fields, ["providers[1].kind", "providers[1].error_rate"]);
     }
 }

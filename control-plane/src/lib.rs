@@ -13,6 +13,7 @@ pub mod config;
 pub mod demo;
 pub mod metrics;
 pub mod model;
+pub mod offers;
 pub mod reconcile;
 pub mod scheduler;
 pub mod server;

@@ -9,15 +9,21 @@ use clap::Parser;
 use reqwest::Method;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use spotplane::cli::{BenchCommand, Cli, ClientArgs, Command, JobCommand, PackArgs};
+use spotplane::cli::{
+    BenchCommand, CatalogCommand, Cli, ClientArgs, Command, JobCommand, OffersArgs, PackArgs,
+};
 use spotplane::client::Client;
 use spotplane::clock::SystemClock;
 use spotplane::config::{Config, ConfigError};
 use spotplane::metrics::Metrics;
+use spotplane::offers::{self, OfferFilter};
 use spotplane::scheduler::openb;
 use spotplane::server::{ServeOptions, Server, shutdown_signal};
 use spotplane::store::Store;
 use spotplane::{bench, demo, telemetry};
+use spotplane_core::Market;
+use spotplane_providers::catalog;
+use spotplane_providers::registry::{self, BuildContext};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -128,7 +134,66 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(BenchCommand::Pack(args)) => bench_pack(&args),
+        Command::Offers(args) => {
+            let config = Config::load(cli.config.as_deref())?;
+            offers(&config, &args).await
+        }
+        Command::Catalog(CatalogCommand::Build { data, out }) => {
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            for (cloud, rows) in catalog::build_from_data(&data)? {
+                let path = out.join(catalog::file_name(cloud));
+                std::fs::write(&path, catalog::to_csv(&rows))
+                    .with_context(|| format!("writing {}", path.display()))?;
+                println!("{}: {} rows", path.display(), rows.len());
+            }
+            Ok(())
+        }
     }
+}
+
+/// `spotplane offers`: asks the configured providers directly; no server needed.
+async fn offers(config: &Config, args: &OffersArgs) -> anyhow::Result<()> {
+    let filter = OfferFilter {
+        gpu: args.gpu.as_deref().map(str::parse).transpose()?,
+        market: match args.market.as_deref() {
+            Some("spot") => Some(Market::Spot),
+            Some("on-demand") => Some(Market::OnDemand),
+            _ => None,
+        },
+        min_gpus: args.min_gpus,
+        per_gpu: args.per_gpu,
+    };
+    let providers = registry::build(
+        &config.providers,
+        &BuildContext {
+            clock: Arc::new(SystemClock),
+            sim_data_dir: config.sim.data_dir.clone(),
+            catalog_dir: config.catalog.dir.clone(),
+            observer: None,
+        },
+    )
+    .await?;
+    let gathered = offers::gather(&providers).await;
+    for (cloud, err) in &gathered.failures {
+        eprintln!("warning: {cloud}: {err}");
+    }
+    let mut ranked = offers::select(gathered.offers, &filter);
+    let total = ranked.len();
+    if args.limit > 0 {
+        ranked.truncate(args.limit);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&ranked)?);
+    } else {
+        print!("{}", offers::table(&ranked));
+        if total > ranked.len() {
+            eprintln!("({} of {total} offers; --limit 0 shows all)", ranked.len());
+        }
+    }
+    if total == 0 && !gathered.failures.is_empty() {
+        anyhow::bail!("no provider answered");
+    }
+    Ok(())
 }
 
 /// `spotplane bench pack`: runs synchronously (pure computation) and streams results.

@@ -7,6 +7,13 @@
 //! real spot traces), and `aws`, `gcp`, `azure` behind cargo features of the same names.
 //! Metrics, retries and rate limits are decorators around the trait, not provider code.
 
+pub mod catalog;
+pub mod clock;
+pub mod config;
+pub mod decorators;
+pub mod registry;
+pub mod sim;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -145,6 +152,20 @@ impl ProviderError {
             self,
             ProviderError::Throttled { .. } | ProviderError::Transient(_)
         )
+    }
+
+    /// A short, stable name for metrics labels and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProviderError::InsufficientCapacity { .. } => "insufficient_capacity",
+            ProviderError::Quota(_) => "quota",
+            ProviderError::PriceTooLow(_) => "price_too_low",
+            ProviderError::Throttled { .. } => "throttled",
+            ProviderError::Auth(_) => "auth",
+            ProviderError::NotFound(_) => "not_found",
+            ProviderError::InvalidRequest(_) => "invalid_request",
+            ProviderError::Transient(_) => "transient",
+        }
     }
 }
 

@@ -1,0 +1,381 @@
+//! Cross-cutting behaviour as decorators around any [`CloudProvider`]: retries with jittered
+//! backoff, a rate limit, and metrics. Provider code does none of this itself.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use spotplane_core::Cloud;
+
+use crate::{CloudProvider, Instance, InterruptionEvent, Offer, ProviderError, ProvisionRequest};
+
+/// Retries what can succeed later (throttling, transient errors) with exponential backoff and
+/// full jitter, honouring a throttled call's `retry_after`. Everything else fails at once.
+pub struct Retrying<P> {
+    inner: P,
+    attempts: u32,
+    base: Duration,
+    max: Duration,
+    seed: Mutex<u64>,
+}
+
+impl<P> Retrying<P> {
+    pub fn new(inner: P, attempts: u32, base: Duration, max: Duration) -> Self {
+        Retrying {
+            inner,
+            attempts: attempts.max(1),
+            base,
+            max,
+            seed: Mutex::new(0x9e37_79b9_7f4a_7c15),
+        }
+    }
+
+    /// The wait before retry `n` (1-based): a random share of min(max, base × 2^n).
+    fn backoff(&self, n: u32, err: &ProviderError) -> Duration {
+        let cap = self.base.saturating_mul(1 << n.min(16)).min(self.max);
+        let mut s = self.seed.lock().unwrap_or_else(|p| p.into_inner());
+        // xorshift: cheap, deterministic, good enough for jitter.
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        let jitter = cap.mul_f64((*s % 10_000) as f64 / 10_000.0);
+        match err {
+            ProviderError::Throttled { retry_after } => (*retry_after).max(jitter),
+            _ => jitter,
+        }
+    }
+
+    async fn run<T, F, Fut>(&self, mut call: F) -> Result<T, ProviderError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ProviderError>>,
+    {
+        let mut n = 1;
+        loop {
+            match call().await {
+                Err(e) if e.is_retryable() && n < self.attempts => {
+                    tokio::time::sleep(self.backoff(n, &e)).await;
+                    n += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl<P: CloudProvider> CloudProvider for Retrying<P> {
+    fn cloud(&self) -> Cloud {
+        self.inner.cloud()
+    }
+    async fn list_offers(&self) -> Result<Vec<Offer>, ProviderError> {
+        self.run(|| self.inner.list_offers()).await
+    }
+    async fn provision(&self, req: &ProvisionRequest) -> Result<Instance, ProviderError> {
+        // Safe to repeat: provisioning is idempotent by client token.
+        self.run(|| self.inner.provision(req)).await
+    }
+    async fn terminate(&self, provider_id: &str) -> Result<(), ProviderError> {
+        self.run(|| self.inner.terminate(provider_id)).await
+    }
+    async fn list_instances(
+        &self,
+        tags: &BTreeMap<String, String>,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        self.run(|| self.inner.list_instances(tags)).await
+    }
+    async fn drain_interruptions(&self) -> Result<Vec<InterruptionEvent>, ProviderError> {
+        self.run(|| self.inner.drain_interruptions()).await
+    }
+}
+
+/// At most `per_second` calls per second on average, in bursts of up to `burst` (a token
+/// bucket on tokio's clock); callers wait for a token rather than fail.
+pub struct RateLimited<P> {
+    inner: P,
+    per_second: f64,
+    burst: f64,
+    bucket: tokio::sync::Mutex<(f64, tokio::time::Instant)>,
+}
+
+impl<P> RateLimited<P> {
+    pub fn new(inner: P, per_second: f64, burst: u32) -> Self {
+        let burst = f64::from(burst.max(1));
+        RateLimited {
+            inner,
+            per_second: per_second.max(0.001),
+            burst,
+            bucket: tokio::sync::Mutex::new((burst, tokio::time::Instant::now())),
+        }
+    }
+
+    async fn acquire(&self) {
+        let mut b = self.bucket.lock().await;
+        loop {
+            let now = tokio::time::Instant::now();
+            let refill = now.duration_since(b.1).as_secs_f64() * self.per_second;
+            b.0 = (b.0 + refill).min(self.burst);
+            b.1 = now;
+            if b.0 >= 1.0 {
+                b.0 -= 1.0;
+                return;
+            }
+            let wait = Duration::from_secs_f64((1.0 - b.0) / self.per_second);
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+#[async_trait]
+impl<P: CloudProvider> CloudProvider for RateLimited<P> {
+    fn cloud(&self) -> Cloud {
+        self.inner.cloud()
+    }
+    async fn list_offers(&self) -> Result<Vec<Offer>, ProviderError> {
+        self.acquire().await;
+        self.inner.list_offers().await
+    }
+    async fn provision(&self, req: &ProvisionRequest) -> Result<Instance, ProviderError> {
+        self.acquire().await;
+        self.inner.provision(req).await
+    }
+    async fn terminate(&self, provider_id: &str) -> Result<(), ProviderError> {
+        self.acquire().await;
+        self.inner.terminate(provider_id).await
+    }
+    async fn list_instances(
+        &self,
+        tags: &BTreeMap<String, String>,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        self.acquire().await;
+        self.inner.list_instances(tags).await
+    }
+    async fn drain_interruptions(&self) -> Result<Vec<InterruptionEvent>, ProviderError> {
+        self.acquire().await;
+        self.inner.drain_interruptions().await
+    }
+}
+
+/// What a metered call reports: the cloud, the operation, the error kind (`None` when it
+/// succeeded) and how long it took.
+pub type Observer = Arc<dyn Fn(Cloud, &'static str, Option<&'static str>, Duration) + Send + Sync>;
+
+/// Reports every call to an observer (the control plane feeds its Prometheus registry).
+pub struct Metered<P> {
+    inner: P,
+    observe: Observer,
+}
+
+impl<P> Metered<P> {
+    pub fn new(inner: P, observe: Observer) -> Self {
+        Metered { inner, observe }
+    }
+
+    fn report<T>(
+        &self,
+        cloud: Cloud,
+        op: &'static str,
+        started: Instant,
+        r: &Result<T, ProviderError>,
+    ) {
+        (self.observe)(
+            cloud,
+            op,
+            r.as_ref().err().map(ProviderError::kind),
+            started.elapsed(),
+        );
+    }
+}
+
+#[async_trait]
+impl<P: CloudProvider> CloudProvider for Metered<P> {
+    fn cloud(&self) -> Cloud {
+        self.inner.cloud()
+    }
+    async fn list_offers(&self) -> Result<Vec<Offer>, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.list_offers().await;
+        self.report(self.cloud(), "list_offers", t, &r);
+        r
+    }
+    async fn provision(&self, req: &ProvisionRequest) -> Result<Instance, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.provision(req).await;
+        self.report(self.cloud(), "provision", t, &r);
+        r
+    }
+    async fn terminate(&self, provider_id: &str) -> Result<(), ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.terminate(provider_id).await;
+        self.report(self.cloud(), "terminate", t, &r);
+        r
+    }
+    async fn list_instances(
+        &self,
+        tags: &BTreeMap<String, String>,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.list_instances(tags).await;
+        self.report(self.cloud(), "list_instances", t, &r);
+        r
+    }
+    async fn drain_interruptions(&self) -> Result<Vec<InterruptionEvent>, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.drain_interruptions().await;
+        self.report(self.cloud(), "drain_interruptions", t, &r);
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// A recording fake: fails the first `failures` calls with `error`, then succeeds.
+    struct Flaky {
+        calls: AtomicU32,
+        failures: u32,
+        error: ProviderError,
+    }
+
+    #[async_trait]
+    impl CloudProvider for Flaky {
+        fn cloud(&self) -> Cloud {
+            Cloud::Aws
+        }
+        async fn list_offers(&self) -> Result<Vec<Offer>, ProviderError> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
+            if n < self.failures {
+                Err(self.error.clone())
+            } else {
+                Ok(Vec::new())
+            }
+        }
+        async fn provision(&self, _: &ProvisionRequest) -> Result<Instance, ProviderError> {
+            Err(ProviderError::InvalidRequest("unused".into()))
+        }
+        async fn terminate(&self, _: &str) -> Result<(), ProviderError> {
+            Ok(())
+        }
+        async fn list_instances(
+            &self,
+            _: &BTreeMap<String, String>,
+        ) -> Result<Vec<Instance>, ProviderError> {
+            Ok(Vec::new())
+        }
+        async fn drain_interruptions(&self) -> Result<Vec<InterruptionEvent>, ProviderError> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn flaky(failures: u32, error: ProviderError) -> Flaky {
+        Flaky {
+            calls: AtomicU32::new(0),
+            failures,
+            error,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_errors_are_retried_with_backoff() {
+        let p = Retrying::new(
+            flaky(2, ProviderError::Transient("reset".into())),
+            4,
+            Duration::from_millis(100),
+            Duration::from_secs(5),
+        );
+        let started = tokio::time::Instant::now();
+        assert!(p.list_offers().await.is_ok());
+        assert_eq!(p.inner.calls.load(Ordering::SeqCst), 3);
+        assert!(
+            started.elapsed() <= Duration::from_millis(200 + 400),
+            "backoff is bounded: {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttling_waits_at_least_the_retry_after() {
+        let p = Retrying::new(
+            flaky(
+                1,
+                ProviderError::Throttled {
+                    retry_after: Duration::from_secs(3),
+                },
+            ),
+            3,
+            Duration::from_millis(10),
+            Duration::from_secs(1),
+        );
+        let started = tokio::time::Instant::now();
+        assert!(p.list_offers().await.is_ok());
+        assert!(started.elapsed() >= Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_that_cannot_succeed_later_are_not_retried_and_attempts_are_bounded() {
+        let p = Retrying::new(
+            flaky(5, ProviderError::Quota("vCPU".into())),
+            4,
+            Duration::from_millis(10),
+            Duration::from_secs(1),
+        );
+        assert!(matches!(
+            p.list_offers().await,
+            Err(ProviderError::Quota(_))
+        ));
+        assert_eq!(p.inner.calls.load(Ordering::SeqCst), 1);
+        let p = Retrying::new(
+            flaky(10, ProviderError::Transient("down".into())),
+            3,
+            Duration::from_millis(10),
+            Duration::from_secs(1),
+        );
+        assert!(p.list_offers().await.is_err());
+        assert_eq!(p.inner.calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_rate_limit_spaces_calls_after_the_burst() {
+        let p = RateLimited::new(flaky(0, ProviderError::Transient(String::new())), 2.0, 2);
+        let started = tokio::time::Instant::now();
+        for _ in 0..6 {
+            p.list_offers().await.expect("ok");
+        }
+        // 2 at once, then 4 more at 2 per second.
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(1_900) && took <= Duration::from_millis(2_100),
+            "{took:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn metering_reports_each_call_with_its_outcome() {
+        type Calls = Vec<(&'static str, Option<&'static str>)>;
+        let seen: Arc<Mutex<Calls>> = Arc::default();
+        let sink = seen.clone();
+        let p = Metered::new(
+            flaky(
+                1,
+                ProviderError::Throttled {
+                    retry_after: Duration::ZERO,
+                },
+            ),
+            Arc::new(move |_, op, err, _| {
+                sink.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((op, err))
+            }),
+        );
+        let _ = p.list_offers().await;
+        let _ = p.list_offers().await;
+        assert_eq!(
+            *seen.lock().unwrap_or_else(|p| p.into_inner()),
+            [("list_offers", Some("throttled")), ("list_offers", None)]
+        );
+    }
+}

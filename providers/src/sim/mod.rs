@@ -1,0 +1,625 @@
+//! `sim`: simulated clouds that behave like clouds, on a clock and a seed.
+//!
+//! Each [`SimCloud`] carries the flavour of one real cloud — its instance types, regions, zones
+//! and prices from the catalog, its notice window (AWS 120 s, GCP and Azure 30 s) and its way
+//! of telling about interruptions (AWS through an event stream, the others only through the
+//! node's metadata endpoint). It replays recorded market data ([`traces`]): when spot capacity
+//! exists and when instances are taken, how spot prices move, and GCP's price history. On top,
+//! boot delays, capacity limits per pool, and API errors and throttling at configurable rates.
+//! Everything is derived from the clock and the seed, so a run is reproducible and a week of
+//! traces replays as fast as the clock is moved.
+//!
+//! State is advanced lazily: every call first brings the simulation up to `clock.now()`, so
+//! there is no background task and nothing to shut down.
+
+pub mod traces;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration as StdDuration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Duration, Utc};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use spotplane_core::{Cloud, Market, Micros, NodeId};
+
+use crate::catalog::CatalogRow;
+use crate::clock::SharedClock;
+use crate::{
+    CloudProvider, Instance, InstanceState, InterruptionEvent, InterruptionKind, Offer,
+    ProviderError, ProvisionRequest,
+};
+pub use traces::{SimTraces, Trace};
+
+/// How a simulated cloud behaves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimConfig {
+    /// Which cloud it imitates.
+    pub flavour: Cloud,
+    /// Regions offered; all of the catalog's when empty.
+    #[serde(default)]
+    pub regions: Vec<String>,
+    /// Seed of everything random (trace offsets, boot delays, errors).
+    #[serde(default)]
+    pub seed: u64,
+    /// Shortest and longest boot, in seconds.
+    #[serde(default = "default_boot")]
+    pub boot_seconds: (u32, u32),
+    /// Instances at most per (zone, instance type, market).
+    #[serde(default = "default_capacity")]
+    pub pool_capacity: u32,
+    /// Share of API calls that fail with a transient error.
+    #[serde(default)]
+    pub error_rate: f64,
+    /// Share of API calls that are throttled.
+    #[serde(default)]
+    pub throttle_rate: f64,
+}
+
+fn default_boot() -> (u32, u32) {
+    (60, 180)
+}
+
+fn default_capacity() -> u32 {
+    16
+}
+
+impl SimConfig {
+    pub fn new(flavour: Cloud, seed: u64) -> Self {
+        SimConfig {
+            flavour,
+            regions: Vec::new(),
+            seed,
+            boot_seconds: default_boot(),
+            pool_capacity: default_capacity(),
+            error_rate: 0.0,
+            throttle_rate: 0.0,
+        }
+    }
+}
+
+/// A simulated instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimInstance {
+    pub id: String,
+    pub node_id: Option<NodeId>,
+    pub zone: String,
+    pub instance_type: String,
+    pub market: Market,
+    pub tags: BTreeMap<String, String>,
+    pub launched_at: DateTime<Utc>,
+    pub ready_at: DateTime<Utc>,
+    /// When the cloud announced it takes the instance back, and when it will.
+    pub notice: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    pub terminated_at: Option<DateTime<Utc>>,
+    /// The availability trace of its pool, and the tick offset into it.
+    pool: (usize, u64),
+    /// Its end after a notice was reported in the event stream.
+    reported_gone: bool,
+}
+
+impl SimInstance {
+    pub fn state(&self, now: DateTime<Utc>) -> InstanceState {
+        match (self.terminated_at, self.notice) {
+            (Some(t), _) if t <= now => InstanceState::Terminated,
+            (_, Some(_)) => InstanceState::Stopping,
+            _ if now < self.ready_at => InstanceState::Pending,
+            _ => InstanceState::Running,
+        }
+    }
+}
+
+/// What a simulated node's metadata endpoint says now (the agent reads it; shapes in
+/// REFERENCE.md are produced by the HTTP front in the control plane).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SimNotice {
+    pub flavour: Cloud,
+    /// When the notice was posted and when the instance goes.
+    pub posted_at: DateTime<Utc>,
+    pub deadline: DateTime<Utc>,
+    /// A stable id for the event (Azure `EventId`).
+    pub event_id: String,
+}
+
+struct State {
+    rng: StdRng,
+    instances: BTreeMap<String, SimInstance>,
+    by_token: HashMap<String, String>,
+    events: Vec<InterruptionEvent>,
+    next_id: u64,
+    /// Azure Scheduled Events acknowledged early (StartRequests) by event id.
+    acknowledged: Vec<String>,
+}
+
+/// One simulated cloud.
+pub struct SimCloud {
+    cfg: SimConfig,
+    clock: SharedClock,
+    catalog: Vec<CatalogRow>,
+    traces: Arc<SimTraces>,
+    /// Where pool trace offsets are counted from.
+    epoch: DateTime<Utc>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for SimCloud {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimCloud")
+            .field("flavour", &self.cfg.flavour)
+            .field("seed", &self.cfg.seed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// FNV-1a, for stable per-pool choices that do not depend on call order.
+fn stable_hash(parts: &[&str], seed: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0xff)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl SimCloud {
+    /// A simulated cloud selling `catalog` (rows of its flavour) and replaying `traces`. The
+    /// clock's current time is the epoch trace offsets count from.
+    pub fn new(
+        cfg: SimConfig,
+        catalog: Vec<CatalogRow>,
+        traces: Arc<SimTraces>,
+        clock: SharedClock,
+    ) -> Self {
+        let catalog = catalog
+            .into_iter()
+            .filter(|r| cfg.regions.is_empty() || cfg.regions.contains(&r.region))
+            .collect();
+        let epoch = clock.now();
+        let rng = StdRng::seed_from_u64(cfg.seed ^ cfg.flavour as u64);
+        SimCloud {
+            cfg,
+            clock,
+            catalog,
+            traces,
+            epoch,
+            state: Mutex::new(State {
+                rng,
+                instances: BTreeMap::new(),
+                by_token: HashMap::new(),
+                events: Vec::new(),
+                next_id: 1,
+                acknowledged: Vec::new(),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn notice_window(&self) -> Duration {
+        Duration::seconds(i64::from(self.cfg.flavour.notice_window_secs()))
+    }
+
+    /// The trace and tick offset a spot pool follows.
+    fn pool(&self, zone: &str, itype: &str) -> Option<(usize, u64)> {
+        let n = self.traces.availability.len();
+        if n == 0 {
+            return None;
+        }
+        let h = stable_hash(&[self.cfg.flavour.as_str(), zone, itype], self.cfg.seed);
+        let idx = (h % n as u64) as usize;
+        let len = self.traces.availability[idx].len().max(1) as u64;
+        Some((idx, (h >> 20) % len))
+    }
+
+    /// The tick of the pool's trace at `t`.
+    fn tick(&self, pool: (usize, u64), t: DateTime<Utc>) -> u64 {
+        let trace = &self.traces.availability[pool.0];
+        let secs = (t - self.epoch).num_seconds().max(0) as u64;
+        pool.1 + secs / u64::from(trace.gap_s)
+    }
+
+    fn tick_time(&self, pool: (usize, u64), tick: u64) -> DateTime<Utc> {
+        let trace = &self.traces.availability[pool.0];
+        let secs = tick.saturating_sub(pool.1) * u64::from(trace.gap_s);
+        self.epoch + Duration::seconds(secs as i64)
+    }
+
+    /// Whether spot capacity exists in a pool at `t`.
+    pub fn spot_available(&self, zone: &str, itype: &str, t: DateTime<Utc>) -> bool {
+        match self.pool(zone, itype) {
+            Some(p) => self.traces.availability[p.0].available(self.tick(p, t)),
+            None => true,
+        }
+    }
+
+    /// The spot price of a catalog row at `t`.
+    fn spot_price(&self, row: &CatalogRow, t: DateTime<Utc>) -> Option<Micros> {
+        let base = match self.cfg.flavour {
+            Cloud::Gcp => self
+                .traces
+                .gcp_prices
+                .get(&(row.instance_type.clone(), row.region.clone()))
+                .and_then(|s| traces::price_on(s, t.date_naive()))
+                .and_then(|p| p.spot)
+                .or(row.spot_price),
+            _ => row.spot_price,
+        }?;
+        // Movement relative to the level: the price path of a trace that records prices.
+        let with_prices: Vec<usize> = self
+            .traces
+            .availability
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.prices.is_some())
+            .map(|(i, _)| i)
+            .collect();
+        if self.cfg.flavour == Cloud::Gcp || with_prices.is_empty() {
+            return Some(base);
+        }
+        let h = stable_hash(&[&row.zone, &row.instance_type, "price"], self.cfg.seed);
+        let trace_idx = with_prices[(h % with_prices.len() as u64) as usize];
+        let pool = (
+            trace_idx,
+            (h >> 20) % self.traces.availability[trace_idx].len().max(1) as u64,
+        );
+        let rel = self.traces.availability[trace_idx].relative_price(self.tick(pool, t));
+        let moved = Micros((base.0 as f64 * rel).round() as i64);
+        // Spot never costs more than on-demand.
+        Some(moved.min(row.price))
+    }
+
+    fn on_demand_price(&self, row: &CatalogRow, t: DateTime<Utc>) -> Micros {
+        if self.cfg.flavour == Cloud::Gcp
+            && let Some(p) = self
+                .traces
+                .gcp_prices
+                .get(&(row.instance_type.clone(), row.region.clone()))
+                .and_then(|s| traces::price_on(s, t.date_naive()))
+        {
+            return p.on_demand;
+        }
+        row.price
+    }
+
+    /// Brings every instance up to `now`: spot instances whose pool loses capacity get their
+    /// notice, and are gone when it runs out.
+    fn advance(&self, st: &mut State, now: DateTime<Utc>) {
+        let window = self.notice_window();
+        let flavour = self.cfg.flavour;
+        let mut events = Vec::new();
+        for inst in st.instances.values_mut() {
+            if inst.reported_gone {
+                continue;
+            }
+            if inst.market == Market::Spot
+                && inst.notice.is_none()
+                && inst.terminated_at.is_none()
+                && !self.traces.availability.is_empty()
+            {
+                let trace = &self.traces.availability[inst.pool.0];
+                let from = self.tick(inst.pool, inst.launched_at) + 1;
+                if let Some(tick) = trace.next_unavailable(from) {
+                    let at = self.tick_time(inst.pool, tick);
+                    if at <= now {
+                        let deadline = at + window;
+                        inst.notice = Some((at, deadline));
+                        inst.terminated_at = Some(deadline);
+                        if flavour == Cloud::Aws {
+                            events.push(InterruptionEvent {
+                                provider_id: inst.id.clone(),
+                                kind: InterruptionKind::Preemption,
+                                deadline: Some(deadline),
+                                observed_at: at,
+                            });
+                        }
+                    }
+                }
+            }
+            // An instance the cloud took is reported gone once, when it goes.
+            if let (Some(_), Some(gone)) = (inst.notice, inst.terminated_at)
+                && gone <= now
+            {
+                inst.reported_gone = true;
+                events.push(InterruptionEvent {
+                    provider_id: inst.id.clone(),
+                    kind: InterruptionKind::Stopped,
+                    deadline: None,
+                    observed_at: gone,
+                });
+            }
+        }
+        st.events.extend(events);
+    }
+
+    /// Fails a call at the configured error and throttle rates.
+    fn inject(&self, st: &mut State) -> Result<(), ProviderError> {
+        if self.cfg.throttle_rate > 0.0
+            && st.rng.random_bool(self.cfg.throttle_rate.clamp(0.0, 1.0))
+        {
+            return Err(ProviderError::Throttled {
+                retry_after: StdDuration::from_secs(st.rng.random_range(1..=5)),
+            });
+        }
+        if self.cfg.error_rate > 0.0 && st.rng.random_bool(self.cfg.error_rate.clamp(0.0, 1.0)) {
+            return Err(ProviderError::Transient("simulated internal error".into()));
+        }
+        Ok(())
+    }
+
+    fn instance_id(&self, st: &mut State, req: &ProvisionRequest) -> String {
+        let n = st.next_id;
+        st.next_id += 1;
+        let salt: u32 = st.rng.random();
+        match self.cfg.flavour {
+            Cloud::Aws => format!("i-0{:08x}{:08x}", n as u32, salt),
+            Cloud::Gcp => format!("spotplane-{}", short(req.node_id)),
+            Cloud::Azure => format!(
+                "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/spotplane/providers/Microsoft.Compute/virtualMachines/spotplane-{}",
+                short(req.node_id)
+            ),
+        }
+    }
+
+    fn to_instance(&self, i: &SimInstance, now: DateTime<Utc>) -> Instance {
+        Instance {
+            provider_id: i.id.clone(),
+            node_id: i.node_id,
+            zone: i.zone.clone(),
+            instance_type: i.instance_type.clone(),
+            market: i.market,
+            state: i.state(now),
+            launched_at: Some(i.launched_at),
+            tags: i.tags.clone(),
+        }
+    }
+
+    /// The notice a node's metadata endpoint shows now, if any.
+    pub fn notice(&self, provider_id: &str) -> Option<SimNotice> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.advance(&mut st, now);
+        let inst = st.instances.get(provider_id)?;
+        let (posted_at, deadline) = inst.notice?;
+        Some(SimNotice {
+            flavour: self.cfg.flavour,
+            posted_at,
+            deadline,
+            event_id: format!("sim-{:016x}", stable_hash(&[&inst.id], self.cfg.seed)),
+        })
+    }
+
+    /// Azure: the agent acknowledges an event early (StartRequests): the instance goes now.
+    pub fn acknowledge(&self, event_id: &str) {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.acknowledged.push(event_id.to_owned());
+        let seed = self.cfg.seed;
+        if let Some(inst) = st.instances.values_mut().find(|i| {
+            i.notice.is_some() && format!("sim-{:016x}", stable_hash(&[&i.id], seed)) == event_id
+        }) {
+            inst.terminated_at = Some(now);
+        }
+    }
+
+    /// Takes an instance back now, with the flavour's notice (tests and demos).
+    pub fn preempt_now(&self, provider_id: &str) -> bool {
+        let now = self.clock.now();
+        let window = self.notice_window();
+        let mut st = self.lock();
+        let flavour = self.cfg.flavour;
+        let Some(inst) = st.instances.get_mut(provider_id) else {
+            return false;
+        };
+        if inst.notice.is_some() || inst.terminated_at.is_some() {
+            return false;
+        }
+        inst.notice = Some((now, now + window));
+        inst.terminated_at = Some(now + window);
+        let id = inst.id.clone();
+        if flavour == Cloud::Aws {
+            st.events.push(InterruptionEvent {
+                provider_id: id,
+                kind: InterruptionKind::Preemption,
+                deadline: Some(now + window),
+                observed_at: now,
+            });
+        }
+        true
+    }
+
+    /// Every instance the cloud knows, for inspection.
+    pub fn instances(&self) -> Vec<SimInstance> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.advance(&mut st, now);
+        st.instances.values().cloned().collect()
+    }
+}
+
+fn short(id: NodeId) -> String {
+    id.to_string()
+        .chars()
+        .filter(|c| *c != '-')
+        .take(12)
+        .collect()
+}
+
+#[async_trait]
+impl CloudProvider for SimCloud {
+    fn cloud(&self) -> Cloud {
+        self.cfg.flavour
+    }
+
+    async fn list_offers(&self) -> Result<Vec<Offer>, ProviderError> {
+        let now = self.clock.now();
+        {
+            let mut st = self.lock();
+            self.inject(&mut st)?;
+        }
+        let mut out = Vec::with_capacity(self.catalog.len() * 2);
+        for row in &self.catalog {
+            let Some(model) = row.gpu_model else { continue };
+            let on_demand = self.on_demand_price(row, now);
+            let base = Offer {
+                cloud: self.cfg.flavour,
+                region: row.region.clone(),
+                zone: row.zone.clone(),
+                instance_type: row.instance_type.clone(),
+                market: Market::OnDemand,
+                gpu_model: Some(model),
+                gpu_count: row.gpu_count,
+                vcpus: row.vcpus,
+                memory_mib: (row.memory_gib * 1024.0) as u64,
+                price: on_demand,
+                on_demand_price: on_demand,
+                placement_score: row.placement_score,
+                interruption_bucket: row.interruption_bucket.clone(),
+            };
+            if let Some(spot) = self.spot_price(row, now) {
+                out.push(Offer {
+                    market: Market::Spot,
+                    price: spot,
+                    ..base.clone()
+                });
+            }
+            out.push(base);
+        }
+        Ok(out)
+    }
+
+    async fn provision(&self, req: &ProvisionRequest) -> Result<Instance, ProviderError> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.advance(&mut st, now);
+        if let Some(existing) = st
+            .by_token
+            .get(&req.client_token)
+            .and_then(|id| st.instances.get(id))
+        {
+            return Ok(self.to_instance(existing, now));
+        }
+        self.inject(&mut st)?;
+        let o = &req.offer;
+        if o.cloud != self.cfg.flavour {
+            return Err(ProviderError::InvalidRequest(format!(
+                "offer of {} sent to the {} simulation",
+                o.cloud, self.cfg.flavour
+            )));
+        }
+        let row = self
+            .catalog
+            .iter()
+            .find(|r| r.zone == o.zone && r.instance_type == o.instance_type)
+            .ok_or_else(|| {
+                ProviderError::InvalidRequest(format!(
+                    "{} is not sold in {}",
+                    o.instance_type, o.zone
+                ))
+            })?;
+        if o.market == Market::Spot && row.spot_price.is_none() {
+            return Err(ProviderError::InvalidRequest(format!(
+                "{} has no spot market in {}",
+                o.instance_type, o.zone
+            )));
+        }
+        let offer_id = o.id();
+        let in_pool = st
+            .instances
+            .values()
+            .filter(|i| {
+                i.terminated_at.is_none_or(|t| t > now)
+                    && i.zone == o.zone
+                    && i.instance_type == o.instance_type
+                    && i.market == o.market
+            })
+            .count() as u32;
+        if in_pool >= self.cfg.pool_capacity {
+            return Err(ProviderError::InsufficientCapacity {
+                offer_id,
+                message: "pool at capacity".into(),
+            });
+        }
+        if o.market == Market::Spot && !self.spot_available(&o.zone, &o.instance_type, now) {
+            return Err(ProviderError::InsufficientCapacity {
+                offer_id,
+                message: "no spot capacity in this pool now".into(),
+            });
+        }
+        let (lo, hi) = self.cfg.boot_seconds;
+        let boot = st.rng.random_range(lo.min(hi)..=hi.max(lo));
+        let id = self.instance_id(&mut st, req);
+        let pool = self.pool(&o.zone, &o.instance_type).unwrap_or((0, 0));
+        let inst = SimInstance {
+            id: id.clone(),
+            node_id: Some(req.node_id),
+            zone: o.zone.clone(),
+            instance_type: o.instance_type.clone(),
+            market: o.market,
+            tags: req.tags.clone(),
+            launched_at: now,
+            ready_at: now + Duration::seconds(i64::from(boot)),
+            notice: None,
+            terminated_at: None,
+            pool,
+            reported_gone: false,
+        };
+        let out = self.to_instance(&inst, now);
+        st.by_token.insert(req.client_token.clone(), id.clone());
+        st.instances.insert(id, inst);
+        Ok(out)
+    }
+
+    async fn terminate(&self, provider_id: &str) -> Result<(), ProviderError> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.advance(&mut st, now);
+        self.inject(&mut st)?;
+        if let Some(inst) = st.instances.get_mut(provider_id)
+            && inst.terminated_at.is_none_or(|t| t > now)
+        {
+            inst.terminated_at = Some(now);
+        }
+        Ok(())
+    }
+
+    async fn list_instances(
+        &self,
+        tags: &BTreeMap<String, String>,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.advance(&mut st, now);
+        self.inject(&mut st)?;
+        // Like the clouds, terminated instances stay visible for an hour.
+        let horizon = now - Duration::hours(1);
+        Ok(st
+            .instances
+            .values()
+            .filter(|i| i.terminated_at.is_none_or(|t| t > horizon))
+            .filter(|i| tags.iter().all(|(k, v)| i.tags.get(k) == Some(v)))
+            .map(|i| self.to_instance(i, now))
+            .collect())
+    }
+
+    async fn drain_interruptions(&self) -> Result<Vec<InterruptionEvent>, ProviderError> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.advance(&mut st, now);
+        self.inject(&mut st)?;
+        Ok(std::mem::take(&mut st.events))
+    }
+}
+
+#[cfg(test)]
+mod tests;
