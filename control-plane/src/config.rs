@@ -41,6 +41,24 @@ pub struct SimSettings {
     pub data_dir: PathBuf,
 }
 
+impl SimSettings {
+    /// `data_dir` as given when it exists; a relative path that does not exist from the working
+    /// directory is tried from the repository checkout the binary was built in, so `spotplane
+    /// demo` finds `../shared/data` wherever it is started from.
+    pub fn resolved_data_dir(&self) -> PathBuf {
+        if self.data_dir.is_absolute() || self.data_dir.exists() {
+            return self.data_dir.clone();
+        }
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let candidate = checkout.join(&self.data_dir);
+        if candidate.exists() {
+            candidate
+        } else {
+            self.data_dir.clone()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CatalogSettings {

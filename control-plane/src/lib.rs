@@ -17,5 +17,6 @@ pub mod offers;
 pub mod reconcile;
 pub mod scheduler;
 pub mod server;
+pub mod simfront;
 pub mod store;
 pub mod telemetry;

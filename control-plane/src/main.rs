@@ -167,7 +167,7 @@ async fn offers(config: &Config, args: &OffersArgs) -> anyhow::Result<()> {
         &config.providers,
         &BuildContext {
             clock: Arc::new(SystemClock),
-            sim_data_dir: config.sim.data_dir.clone(),
+            sim_data_dir: config.sim.resolved_data_dir(),
             catalog_dir: config.catalog.dir.clone(),
             observer: None,
         },

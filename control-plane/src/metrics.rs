@@ -24,6 +24,14 @@ pub struct HttpLabels {
     pub status: u16,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderCallLabels {
+    pub cloud: &'static str,
+    pub op: &'static str,
+    /// `ok`, or the error's kind (`insufficient_capacity`, `throttled`, ...).
+    pub outcome: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs to ~13 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
@@ -35,6 +43,7 @@ pub struct Metrics {
     registry: Arc<Mutex<Registry>>,
     pub store_ops: Family<StoreOpLabels, Histogram, fn() -> Histogram>,
     pub http_requests: Family<HttpLabels, Histogram, fn() -> Histogram>,
+    pub provider_calls: Family<ProviderCallLabels, Histogram, fn() -> Histogram>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -69,11 +78,35 @@ impl Metrics {
             "Latency of API requests by route and status",
             http_requests.clone(),
         );
+        let provider_calls =
+            Family::<ProviderCallLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                latency_histogram as fn() -> Histogram,
+            );
+        registry.register(
+            "provider_call_seconds",
+            "Latency of cloud provider calls by cloud, operation and outcome (after retries)",
+            provider_calls.clone(),
+        );
         Metrics {
             registry: Arc::new(Mutex::new(registry)),
             store_ops,
             http_requests,
+            provider_calls,
         }
+    }
+
+    /// An observer for the providers' metering decorator.
+    pub fn provider_observer(&self) -> spotplane_providers::decorators::Observer {
+        let calls = self.provider_calls.clone();
+        Arc::new(move |cloud, op, error, took| {
+            calls
+                .get_or_create(&ProviderCallLabels {
+                    cloud: cloud.as_str(),
+                    op,
+                    outcome: error.unwrap_or("ok"),
+                })
+                .observe(took.as_secs_f64());
+        })
     }
 
     pub fn observe_store(&self, op: &'static str, ok: bool, took: Duration) {

@@ -1,9 +1,11 @@
 //! Starting and stopping the control-plane server.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use spotplane_providers::registry::{self, BuildContext, Providers};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -12,6 +14,7 @@ use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::reconcile::scheduling::SchedulerLoop;
+use crate::simfront;
 use crate::store::{Bootstrap, Store};
 
 /// The shortest bootstrap admin token accepted: it is a password to the whole cluster.
@@ -28,6 +31,8 @@ pub struct ServeOptions {
 pub struct Server {
     pub addr: SocketAddr,
     pub state: AppState,
+    /// The configured clouds (simulated ones included).
+    pub providers: Arc<Providers>,
     cancel: CancellationToken,
     task: JoinHandle<std::io::Result<()>>,
 }
@@ -63,6 +68,19 @@ impl Server {
                 }
             }
         }
+        let providers = Arc::new(
+            registry::build(
+                &config.providers,
+                &BuildContext {
+                    clock: clock.clone(),
+                    sim_data_dir: config.sim.resolved_data_dir(),
+                    catalog_dir: config.catalog.dir.clone(),
+                    observer: Some(metrics.provider_observer()),
+                },
+            )
+            .await
+            .context("setting up the configured providers")?,
+        );
         let state = AppState::new(store.clone(), clock.clone(), metrics, &config.server);
         let listener =
             tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
@@ -70,7 +88,10 @@ impl Server {
                 .with_context(|| format!("binding {}", config.server.listen))?;
         let addr = listener.local_addr()?;
         let cancel = CancellationToken::new();
-        let app = api::router(state.clone());
+        let mut app = api::router(state.clone());
+        if !providers.sims.is_empty() {
+            app = app.merge(simfront::router(providers.sims.clone()));
+        }
         let shutdown = cancel.clone();
         let task = tokio::spawn(async move {
             axum::serve(listener, app)
@@ -86,6 +107,7 @@ impl Server {
         Ok(Server {
             addr,
             state,
+            providers,
             cancel,
             task,
         })

@@ -438,6 +438,23 @@ impl SimCloud {
         true
     }
 
+    /// The instance whose id is, or ends with, `/name` (Azure ids are resource paths; the
+    /// metadata front addresses instances by their last segment).
+    pub fn instance_by_name(&self, name: &str) -> Option<SimInstance> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.advance(&mut st, now);
+        st.instances
+            .values()
+            .find(|i| i.id == name || i.id.rsplit('/').next() == Some(name))
+            .cloned()
+    }
+
+    /// The clock the simulation runs on.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.clock.now()
+    }
+
     /// Every instance the cloud knows, for inspection.
     pub fn instances(&self) -> Vec<SimInstance> {
         let now = self.clock.now();
