@@ -166,9 +166,38 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Keep a spot fleet on the configured simulated clouds for a span of replayed traces;
+    /// report what happened and the wall time it took.
+    Sim(SimBenchArgs),
     /// Replay the openb packing experiment of FGD (USENIX ATC '23): print the GPU allocation
     /// ratio at each percentage (0..130) of arrived GPU demand.
     Pack(PackArgs),
+}
+
+/// `spotplane bench sim`.
+#[derive(Debug, Args)]
+pub struct SimBenchArgs {
+    /// Simulated span.
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    pub span: Duration,
+    /// Where in simulated time to start (RFC 3339).
+    #[arg(long, default_value = "2026-07-01T00:00:00Z")]
+    pub start: chrono::DateTime<chrono::Utc>,
+    /// How often nodes are looked at.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub step: Duration,
+    /// How often offers are polled.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub price_refresh: Duration,
+    /// Spot nodes kept running.
+    #[arg(long, default_value_t = 64)]
+    pub fleet: usize,
+    /// Nodes are spread over this many of the cheapest offers.
+    #[arg(long, default_value_t = 8)]
+    pub spread: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `spotplane bench pack`: see `shared/data/openb-protocol.md` and docs/benchmarks.md.

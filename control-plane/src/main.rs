@@ -11,6 +11,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use spotplane::cli::{
     BenchCommand, CatalogCommand, Cli, ClientArgs, Command, JobCommand, OffersArgs, PackArgs,
+    SimBenchArgs,
 };
 use spotplane::client::Client;
 use spotplane::clock::SystemClock;
@@ -23,7 +24,9 @@ use spotplane::store::Store;
 use spotplane::{bench, demo, telemetry};
 use spotplane_core::Market;
 use spotplane_providers::catalog;
+use spotplane_providers::clock::ManualClock;
 use spotplane_providers::registry::{self, BuildContext};
+use spotplane_providers::sim::replay::{self, ReplaySpec};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -134,6 +137,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(BenchCommand::Pack(args)) => bench_pack(&args),
+        Command::Bench(BenchCommand::Sim(args)) => {
+            let config = Config::load(cli.config.as_deref())?;
+            bench_sim(&config, &args).await
+        }
         Command::Offers(args) => {
             let config = Config::load(cli.config.as_deref())?;
             offers(&config, &args).await
@@ -149,6 +156,89 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `spotplane bench sim`: the configured simulated clouds on a manual clock.
+async fn bench_sim(config: &Config, args: &SimBenchArgs) -> anyhow::Result<()> {
+    let clock = ManualClock::new(args.start);
+    let sims: Vec<_> = config
+        .providers
+        .iter()
+        .filter(|p| p.kind() == "sim")
+        .cloned()
+        .collect();
+    anyhow::ensure!(!sims.is_empty(), "no simulated clouds are configured");
+    let providers = registry::build(
+        &sims,
+        &BuildContext {
+            clock: Arc::new(clock.clone()),
+            sim_data_dir: config.sim.resolved_data_dir(),
+            catalog_dir: config.catalog.dir.clone(),
+            observer: None,
+        },
+    )
+    .await?;
+    let chrono_of =
+        |d: std::time::Duration| chrono::Duration::from_std(d).context("a duration out of range");
+    let spec = ReplaySpec {
+        start: args.start,
+        span: chrono_of(args.span)?,
+        step: chrono_of(args.step)?,
+        price_refresh: chrono_of(args.price_refresh)?,
+        fleet: args.fleet,
+        spread: args.spread,
+    };
+    anyhow::ensure!(
+        spec.step > chrono::Duration::zero(),
+        "--step must be positive"
+    );
+    let report = replay::replay(&providers.sims, &clock, &spec).await;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let list = |m: Vec<(String, u64)>| {
+            if m.is_empty() {
+                "none".to_owned()
+            } else {
+                m.iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        };
+        println!(
+            "replayed {:.0} h of traces in {} steps on {} simulated clouds: {:.3} s wall",
+            report.simulated_hours,
+            report.steps,
+            providers.sims.len(),
+            report.wall_seconds
+        );
+        println!(
+            "fleet of {} spot nodes: {} bought, {} notices; AWS event stream: {}; refused: {}",
+            args.fleet,
+            report.provisioned,
+            report.notices,
+            list(report.stream_events.clone().into_iter().collect()),
+            list(
+                report
+                    .refused
+                    .iter()
+                    .map(|(k, n)| ((*k).to_owned(), *n))
+                    .collect()
+            ),
+        );
+        println!(
+            "{:.0} node-hours: spot {} vs on-demand {} ({:.0}% saved); short of the fleet in {} steps; {} offer polls ({} spot offers)",
+            report.node_hours,
+            report.spot_cost,
+            report.on_demand_cost,
+            100.0 * (1.0 - report.spot_cost.0 as f64 / report.on_demand_cost.0.max(1) as f64),
+            report.short_steps,
+            report.offer_polls,
+            report.offers_last_poll,
+        );
+    }
+    Ok(())
 }
 
 /// `spotplane offers`: asks the configured providers directly; no server needed.

@@ -142,7 +142,7 @@ mod tests {
         ];
         let by_node: Vec<_> = select(offers.clone(), &OfferFilter::default())
             .into_iter()
-            .map(|o| o.instance_type)
+            .map(|o| o.instance_type.to_string())
             .collect();
         assert_eq!(by_node, ["one", "one-od", "eight"]);
         let f = OfferFilter {
@@ -151,7 +151,7 @@ mod tests {
         };
         let by_gpu: Vec<_> = select(offers.clone(), &f)
             .into_iter()
-            .map(|o| o.instance_type)
+            .map(|o| o.instance_type.to_string())
             .collect();
         assert_eq!(by_gpu, ["eight", "one", "one-od"]);
         let f = OfferFilter {

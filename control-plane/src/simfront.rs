@@ -152,9 +152,9 @@ fn aws(
             None => text(StatusCode::NOT_FOUND, not_found_html()),
         },
         "latest/meta-data/instance-id" => text(StatusCode::OK, inst.id.clone()),
-        "latest/meta-data/instance-type" => text(StatusCode::OK, inst.instance_type.clone()),
+        "latest/meta-data/instance-type" => text(StatusCode::OK, inst.instance_type.to_string()),
         "latest/meta-data/placement/availability-zone-id" => {
-            text(StatusCode::OK, inst.zone.clone())
+            text(StatusCode::OK, inst.zone.to_string())
         }
         "latest/meta-data/instance-life-cycle" => text(
             StatusCode::OK,
@@ -357,10 +357,7 @@ fn azure(
             text(StatusCode::OK, "")
         }
         (Method::GET, "metadata/instance/compute") | (Method::GET, "metadata/instance") => {
-            let location = inst
-                .zone
-                .rsplit_once('-')
-                .map_or(inst.zone.as_str(), |(l, _)| l);
+            let location = inst.zone.rsplit_once('-').map_or(&*inst.zone, |(l, _)| l);
             let zone = inst.zone.rsplit_once('-').map_or("", |(_, z)| z);
             let compute = json!({
                 "name": name,

@@ -14,19 +14,20 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::Arc;
 
 use spotplane_core::{Cloud, GpuModel, Micros};
 
 /// One row: an instance type in one zone.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CatalogRow {
-    pub instance_type: String,
+    pub instance_type: Arc<str>,
     pub vcpus: u32,
     pub memory_gib: f64,
     pub gpu_model: Option<GpuModel>,
     pub gpu_count: u32,
-    pub region: String,
-    pub zone: String,
+    pub region: Arc<str>,
+    pub zone: Arc<str>,
     /// On-demand price per hour.
     pub price: Micros,
     /// Spot price per hour, when the type is sold on spot there.
@@ -97,7 +98,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<CatalogRow>, CatalogError> 
         let usd =
             |v: &str, what: &str| Micros::parse_usd(v).map_err(|e| err(n, format!("{what}: {e}")));
         rows.push(CatalogRow {
-            instance_type: f[0].to_owned(),
+            instance_type: f[0].into(),
             vcpus: f[1]
                 .parse()
                 .map_err(|_| err(n, format!("vCPUs {:?} is not a count", f[1])))?,
@@ -116,8 +117,8 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<CatalogRow>, CatalogError> 
                 f[4].parse()
                     .map_err(|_| err(n, format!("AcceleratorCount {:?}", f[4])))?
             },
-            region: f[5].to_owned(),
-            zone: f[6].to_owned(),
+            region: f[5].into(),
+            zone: f[6].into(),
             price: usd(f[7], "Price")?,
             spot_price: if f[8].is_empty() {
                 None
@@ -258,15 +259,15 @@ pub fn build_aws(price_data_csv: &str, origin: &str) -> Result<Vec<CatalogRow>, 
         }
         let on_demand = Micros((spot.0 as f64 / (1.0 - saving / 100.0)).round() as i64);
         rows.push(CatalogRow {
-            instance_type: itype.to_owned(),
+            instance_type: itype.into(),
             vcpus,
             memory_gib: mem,
             gpu_model: Some(model),
             gpu_count: count,
-            region: f[4].to_owned(),
+            region: f[4].into(),
             // Kept as recorded: availability-zone *ids* (`use1-az1`) name the same physical
             // zone in every account, unlike zone names, whose letters are shuffled per account.
-            zone: f[3].to_owned(),
+            zone: f[3].into(),
             price: on_demand,
             spot_price: Some(spot),
             placement_score: f[2].parse().ok(),
@@ -365,13 +366,13 @@ pub fn build_gcp(
             .unwrap_or_default();
         for zone in machine_zones {
             rows.push(CatalogRow {
-                instance_type: machine.clone(),
+                instance_type: machine.as_str().into(),
                 vcpus: f[5].parse().unwrap_or(0),
                 memory_gib: f[6].parse().unwrap_or(0.0),
                 gpu_model: Some(model),
                 gpu_count: count,
-                region: region.clone(),
-                zone,
+                region: region.as_str().into(),
+                zone: zone.into(),
                 price,
                 spot_price: spot,
                 placement_score: None,
@@ -468,7 +469,7 @@ mod tests {
         let rows = build_aws(data, "t").expect("builds");
         assert_eq!(rows.len(), 1, "non-GPU types are left out");
         assert_eq!(rows[0].price, Micros(3_060_000));
-        assert_eq!(rows[0].zone, "use1-az2", "zone ids are kept");
+        assert_eq!(&*rows[0].zone, "use1-az2", "zone ids are kept");
         assert_eq!(rows[0].interruption_bucket.as_deref(), Some(">20%"));
     }
 

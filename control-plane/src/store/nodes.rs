@@ -244,9 +244,9 @@ impl Store {
                 let rows = chunk.iter().map(|o| offer::ActiveModel {
                     id: Set(o.id()),
                     cloud: Set(o.cloud.to_string()),
-                    region: Set(o.region.clone()),
-                    zone: Set(o.zone.clone()),
-                    instance_type: Set(o.instance_type.clone()),
+                    region: Set(o.region.to_string()),
+                    zone: Set(o.zone.to_string()),
+                    instance_type: Set(o.instance_type.to_string()),
                     market: Set(o.market.to_string()),
                     gpu_model: Set(o.gpu_model.map(|m| m.to_string())),
                     gpu_count: Set(i32::try_from(o.gpu_count).unwrap_or(i32::MAX)),

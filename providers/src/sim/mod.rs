@@ -12,6 +12,7 @@
 //! State is advanced lazily: every call first brings the simulation up to `clock.now()`, so
 //! there is no background task and nothing to shut down.
 
+pub mod replay;
 pub mod traces;
 
 use std::collections::{BTreeMap, HashMap};
@@ -86,8 +87,8 @@ impl SimConfig {
 pub struct SimInstance {
     pub id: String,
     pub node_id: Option<NodeId>,
-    pub zone: String,
-    pub instance_type: String,
+    pub zone: Arc<str>,
+    pub instance_type: Arc<str>,
     pub market: Market,
     pub tags: BTreeMap<String, String>,
     pub launched_at: DateTime<Utc>,
@@ -95,8 +96,9 @@ pub struct SimInstance {
     /// When the cloud announced it takes the instance back, and when it will.
     pub notice: Option<(DateTime<Utc>, DateTime<Utc>)>,
     pub terminated_at: Option<DateTime<Utc>>,
-    /// The availability trace of its pool, and the tick offset into it.
-    pool: (usize, u64),
+    /// When its pool's spot capacity next goes away (spot instances), worked out at launch
+    /// from the pool's trace.
+    loss_at: Option<DateTime<Utc>>,
     /// Its end after a notice was reported in the event stream.
     reported_gone: bool,
 }
@@ -132,6 +134,10 @@ struct State {
     next_id: u64,
     /// Azure Scheduled Events acknowledged early (StartRequests) by event id.
     acknowledged: Vec<String>,
+    /// Gone instances are forgotten at most once a simulated minute.
+    next_prune: DateTime<Utc>,
+    /// Nothing happens on its own before this time; cleared by every change a call makes.
+    quiet_until: Option<DateTime<Utc>>,
 }
 
 /// One simulated cloud.
@@ -140,6 +146,8 @@ pub struct SimCloud {
     clock: SharedClock,
     catalog: Vec<CatalogRow>,
     traces: Arc<SimTraces>,
+    /// Per catalog row, what its prices follow.
+    row_prices: Vec<RowPrices>,
     /// Where pool trace offsets are counted from.
     epoch: DateTime<Utc>,
     state: Mutex<State>,
@@ -152,6 +160,15 @@ impl std::fmt::Debug for SimCloud {
             .field("seed", &self.cfg.seed)
             .finish_non_exhaustive()
     }
+}
+
+/// What a catalog row's prices follow, worked out once.
+struct RowPrices {
+    /// GCP: the row's price history.
+    history: Option<Arc<[traces::PricePoint]>>,
+    /// Elsewhere: the availability trace whose recorded prices move the spot price, and the
+    /// row's tick offset into it.
+    movement: Option<(usize, u64)>,
 }
 
 /// FNV-1a, for stable per-pool choices that do not depend on call order.
@@ -175,14 +192,58 @@ impl SimCloud {
         traces: Arc<SimTraces>,
         clock: SharedClock,
     ) -> Self {
-        let catalog = catalog
+        let catalog: Vec<CatalogRow> = catalog
             .into_iter()
-            .filter(|r| cfg.regions.is_empty() || cfg.regions.contains(&r.region))
+            .filter(|r| cfg.regions.is_empty() || cfg.regions.iter().any(|g| **g == *r.region))
             .collect();
         let epoch = clock.now();
         let rng = StdRng::seed_from_u64(cfg.seed ^ cfg.flavour as u64);
+        let priced: Vec<usize> = traces
+            .availability
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.prices.is_some())
+            .map(|(i, _)| i)
+            .collect();
+        let mut histories: HashMap<(&str, &str), Arc<[traces::PricePoint]>> = HashMap::new();
+        let row_prices = catalog
+            .iter()
+            .map(|row| {
+                if cfg.flavour == Cloud::Gcp {
+                    let key = (&*row.instance_type, &*row.region);
+                    let history = match histories.get(&key) {
+                        Some(h) => Some(Arc::clone(h)),
+                        None => traces
+                            .gcp_prices
+                            .get(&(row.instance_type.to_string(), row.region.to_string()))
+                            .map(|s| {
+                                let h: Arc<[traces::PricePoint]> = s.as_slice().into();
+                                histories.insert(key, Arc::clone(&h));
+                                h
+                            }),
+                    };
+                    return RowPrices {
+                        history,
+                        movement: None,
+                    };
+                }
+                let movement = (!priced.is_empty()).then(|| {
+                    let h = stable_hash(&[&row.zone, &row.instance_type, "price"], cfg.seed);
+                    let idx = priced[(h % priced.len() as u64) as usize];
+                    (
+                        idx,
+                        (h >> 20) % traces.availability[idx].len().max(1) as u64,
+                    )
+                });
+                RowPrices {
+                    history: None,
+                    movement,
+                }
+            })
+            .collect();
         SimCloud {
             cfg,
+            row_prices,
             clock,
             catalog,
             traces,
@@ -194,6 +255,8 @@ impl SimCloud {
                 events: Vec::new(),
                 next_id: 1,
                 acknowledged: Vec::new(),
+                next_prune: epoch,
+                quiet_until: None,
             }),
         }
     }
@@ -243,58 +306,40 @@ impl SimCloud {
         }
     }
 
-    /// The spot price of a catalog row at `t`.
-    fn spot_price(&self, row: &CatalogRow, t: DateTime<Utc>) -> Option<Micros> {
-        let base = match self.cfg.flavour {
-            Cloud::Gcp => self
-                .traces
-                .gcp_prices
-                .get(&(row.instance_type.clone(), row.region.clone()))
-                .and_then(|s| traces::price_on(s, t.date_naive()))
+    /// The spot price of catalog row `i` at `t`.
+    fn spot_price(&self, i: usize, t: DateTime<Utc>) -> Option<Micros> {
+        let row = &self.catalog[i];
+        let prices = &self.row_prices[i];
+        let base = match &prices.history {
+            Some(h) => traces::price_on(h, t.date_naive())
                 .and_then(|p| p.spot)
                 .or(row.spot_price),
-            _ => row.spot_price,
+            None => row.spot_price,
         }?;
-        // Movement relative to the level: the price path of a trace that records prices.
-        let with_prices: Vec<usize> = self
-            .traces
-            .availability
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.prices.is_some())
-            .map(|(i, _)| i)
-            .collect();
-        if self.cfg.flavour == Cloud::Gcp || with_prices.is_empty() {
+        // Elsewhere, movement around the level: the price path of a trace that records prices.
+        let Some(pool) = prices.movement else {
             return Some(base);
-        }
-        let h = stable_hash(&[&row.zone, &row.instance_type, "price"], self.cfg.seed);
-        let trace_idx = with_prices[(h % with_prices.len() as u64) as usize];
-        let pool = (
-            trace_idx,
-            (h >> 20) % self.traces.availability[trace_idx].len().max(1) as u64,
-        );
-        let rel = self.traces.availability[trace_idx].relative_price(self.tick(pool, t));
+        };
+        let rel = self.traces.availability[pool.0].relative_price(self.tick(pool, t));
         let moved = Micros((base.0 as f64 * rel).round() as i64);
         // Spot never costs more than on-demand.
         Some(moved.min(row.price))
     }
 
-    fn on_demand_price(&self, row: &CatalogRow, t: DateTime<Utc>) -> Micros {
-        if self.cfg.flavour == Cloud::Gcp
-            && let Some(p) = self
-                .traces
-                .gcp_prices
-                .get(&(row.instance_type.clone(), row.region.clone()))
-                .and_then(|s| traces::price_on(s, t.date_naive()))
-        {
-            return p.on_demand;
-        }
-        row.price
+    fn on_demand_price(&self, i: usize, t: DateTime<Utc>) -> Micros {
+        self.row_prices[i]
+            .history
+            .as_deref()
+            .and_then(|h| traces::price_on(h, t.date_naive()))
+            .map_or(self.catalog[i].price, |p| p.on_demand)
     }
 
     /// Brings every instance up to `now`: spot instances whose pool loses capacity get their
     /// notice, and are gone when it runs out.
     fn advance(&self, st: &mut State, now: DateTime<Utc>) {
+        if st.quiet_until.is_some_and(|q| now < q) {
+            return;
+        }
         let window = self.notice_window();
         let flavour = self.cfg.flavour;
         let mut events = Vec::new();
@@ -302,28 +347,21 @@ impl SimCloud {
             if inst.reported_gone {
                 continue;
             }
-            if inst.market == Market::Spot
-                && inst.notice.is_none()
+            if inst.notice.is_none()
                 && inst.terminated_at.is_none()
-                && !self.traces.availability.is_empty()
+                && let Some(at) = inst.loss_at
+                && at <= now
             {
-                let trace = &self.traces.availability[inst.pool.0];
-                let from = self.tick(inst.pool, inst.launched_at) + 1;
-                if let Some(tick) = trace.next_unavailable(from) {
-                    let at = self.tick_time(inst.pool, tick);
-                    if at <= now {
-                        let deadline = at + window;
-                        inst.notice = Some((at, deadline));
-                        inst.terminated_at = Some(deadline);
-                        if flavour == Cloud::Aws {
-                            events.push(InterruptionEvent {
-                                provider_id: inst.id.clone(),
-                                kind: InterruptionKind::Preemption,
-                                deadline: Some(deadline),
-                                observed_at: at,
-                            });
-                        }
-                    }
+                let deadline = at + window;
+                inst.notice = Some((at, deadline));
+                inst.terminated_at = Some(deadline);
+                if flavour == Cloud::Aws {
+                    events.push(InterruptionEvent {
+                        provider_id: inst.id.clone(),
+                        kind: InterruptionKind::Preemption,
+                        deadline: Some(deadline),
+                        observed_at: at,
+                    });
                 }
             }
             // An instance the cloud took is reported gone once, when it goes.
@@ -331,15 +369,48 @@ impl SimCloud {
                 && gone <= now
             {
                 inst.reported_gone = true;
-                events.push(InterruptionEvent {
-                    provider_id: inst.id.clone(),
-                    kind: InterruptionKind::Stopped,
-                    deadline: None,
-                    observed_at: gone,
-                });
+                if flavour == Cloud::Aws {
+                    events.push(InterruptionEvent {
+                        provider_id: inst.id.clone(),
+                        kind: InterruptionKind::Stopped,
+                        deadline: None,
+                        observed_at: gone,
+                    });
+                }
             }
         }
         st.events.extend(events);
+        // Like the clouds, an instance stays visible for an hour after it is gone, then is
+        // forgotten with its client token.
+        // Until the next notice, loss or forgetting, nothing changes unless a call changes it.
+        let next_event = st
+            .instances
+            .values()
+            .filter(|i| !i.reported_gone)
+            .filter_map(|i| match (i.notice, i.terminated_at) {
+                (None, None) => i.loss_at,
+                (Some(_), Some(gone)) => Some(gone),
+                _ => None,
+            })
+            .min();
+        if now < st.next_prune {
+            st.quiet_until = Some(next_event.map_or(st.next_prune, |e| e.min(st.next_prune)));
+            return;
+        }
+        st.next_prune = now + Duration::minutes(1);
+        st.quiet_until = Some(next_event.map_or(st.next_prune, |e| e.min(st.next_prune)));
+        let horizon = now - Duration::hours(1);
+        let before = st.instances.len();
+        st.instances
+            .retain(|_, i| i.terminated_at.is_none_or(|t| t > horizon));
+        if st.instances.len() != before {
+            let State {
+                instances,
+                by_token,
+                ..
+            } = st;
+            by_token.retain(|_, id| instances.contains_key(id));
+        }
     }
 
     /// Fails a call at the configured error and throttle rates.
@@ -375,8 +446,8 @@ impl SimCloud {
         Instance {
             provider_id: i.id.clone(),
             node_id: i.node_id,
-            zone: i.zone.clone(),
-            instance_type: i.instance_type.clone(),
+            zone: i.zone.to_string(),
+            instance_type: i.instance_type.to_string(),
             market: i.market,
             state: i.state(now),
             launched_at: Some(i.launched_at),
@@ -410,6 +481,7 @@ impl SimCloud {
         }) {
             inst.terminated_at = Some(now);
         }
+        st.quiet_until = None;
     }
 
     /// Takes an instance back now, with the flavour's notice (tests and demos).
@@ -427,6 +499,7 @@ impl SimCloud {
         inst.notice = Some((now, now + window));
         inst.terminated_at = Some(now + window);
         let id = inst.id.clone();
+        st.quiet_until = None;
         if flavour == Cloud::Aws {
             st.events.push(InterruptionEvent {
                 provider_id: id,
@@ -455,6 +528,14 @@ impl SimCloud {
         self.clock.now()
     }
 
+    /// Shows every instance the cloud knows to `f`, without copying them.
+    pub fn for_each_instance(&self, mut f: impl FnMut(&SimInstance)) {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.advance(&mut st, now);
+        st.instances.values().for_each(&mut f);
+    }
+
     /// Every instance the cloud knows, for inspection.
     pub fn instances(&self) -> Vec<SimInstance> {
         let now = self.clock.now();
@@ -464,12 +545,10 @@ impl SimCloud {
     }
 }
 
+/// The node id as a name part: GCE names and Azure VM names allow lowercase letters, digits
+/// and dashes, and are at most 63 and 64 characters long.
 fn short(id: NodeId) -> String {
-    id.to_string()
-        .chars()
-        .filter(|c| *c != '-')
-        .take(12)
-        .collect()
+    id.0.simple().to_string()
 }
 
 #[async_trait]
@@ -485,9 +564,9 @@ impl CloudProvider for SimCloud {
             self.inject(&mut st)?;
         }
         let mut out = Vec::with_capacity(self.catalog.len() * 2);
-        for row in &self.catalog {
+        for (i, row) in self.catalog.iter().enumerate() {
             let Some(model) = row.gpu_model else { continue };
-            let on_demand = self.on_demand_price(row, now);
+            let on_demand = self.on_demand_price(i, now);
             let base = Offer {
                 cloud: self.cfg.flavour,
                 region: row.region.clone(),
@@ -503,7 +582,7 @@ impl CloudProvider for SimCloud {
                 placement_score: row.placement_score,
                 interruption_bucket: row.interruption_bucket.clone(),
             };
-            if let Some(spot) = self.spot_price(row, now) {
+            if let Some(spot) = self.spot_price(i, now) {
                 out.push(Offer {
                     market: Market::Spot,
                     price: spot,
@@ -576,7 +655,19 @@ impl CloudProvider for SimCloud {
         let (lo, hi) = self.cfg.boot_seconds;
         let boot = st.rng.random_range(lo.min(hi)..=hi.max(lo));
         let id = self.instance_id(&mut st, req);
-        let pool = self.pool(&o.zone, &o.instance_type).unwrap_or((0, 0));
+        if st.instances.contains_key(&id) {
+            // GCE and Azure name instances after the node: a second buy for the same node
+            // under another client token conflicts, as it would there.
+            return Err(ProviderError::InvalidRequest(format!(
+                "an instance named {id} already exists"
+            )));
+        }
+        let loss_at = match (o.market, self.pool(&o.zone, &o.instance_type)) {
+            (Market::Spot, Some(pool)) => self.traces.availability[pool.0]
+                .next_unavailable(self.tick(pool, now) + 1)
+                .map(|tick| self.tick_time(pool, tick)),
+            _ => None,
+        };
         let inst = SimInstance {
             id: id.clone(),
             node_id: Some(req.node_id),
@@ -588,12 +679,13 @@ impl CloudProvider for SimCloud {
             ready_at: now + Duration::seconds(i64::from(boot)),
             notice: None,
             terminated_at: None,
-            pool,
+            loss_at,
             reported_gone: false,
         };
         let out = self.to_instance(&inst, now);
         st.by_token.insert(req.client_token.clone(), id.clone());
         st.instances.insert(id, inst);
+        st.quiet_until = None;
         Ok(out)
     }
 
@@ -606,6 +698,7 @@ impl CloudProvider for SimCloud {
             && inst.terminated_at.is_none_or(|t| t > now)
         {
             inst.terminated_at = Some(now);
+            st.quiet_until = None;
         }
         Ok(())
     }

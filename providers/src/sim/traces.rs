@@ -29,6 +29,7 @@ pub struct Trace {
     next_one: Vec<Option<u32>>,
     /// Spot price per tick, when the trace records it.
     pub prices: Option<Vec<f64>>,
+    mean_price: f64,
 }
 
 #[derive(Deserialize)]
@@ -72,12 +73,17 @@ impl Trace {
                 }
             }
         }
+        let mean_price = match &prices {
+            Some(p) if !p.is_empty() => p.iter().sum::<f64>() / p.len() as f64,
+            _ => 0.0,
+        };
         Trace {
             name: name.into(),
             gap_s: gap_s.max(1),
             data,
             next_one,
             prices,
+            mean_price,
         }
     }
 
@@ -113,13 +119,8 @@ impl Trace {
     /// The price at tick `t` relative to the trace's mean price (1.0 without prices).
     pub fn relative_price(&self, t: u64) -> f64 {
         match &self.prices {
-            Some(p) if !p.is_empty() => {
-                let mean = p.iter().sum::<f64>() / p.len() as f64;
-                if mean > 0.0 {
-                    p[(t % p.len() as u64) as usize] / mean
-                } else {
-                    1.0
-                }
+            Some(p) if !p.is_empty() && self.mean_price > 0.0 => {
+                p[(t % p.len() as u64) as usize] / self.mean_price
             }
             _ => 1.0,
         }
