@@ -341,6 +341,14 @@ mod tests {
     }
 
     #[test]
+    fn the_cloud_accounts_example_is_valid_and_replaces_the_simulated_clouds() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/examples/clouds.toml");
+        let c = load_with(&[], Some(&path)).expect("the example loads and validates");
+        let kinds: Vec<&str> = c.providers.iter().map(|p| p.kind()).collect();
+        assert_eq!(kinds, ["aws", "gcp", "azure"]);
+    }
+
+    #[test]
     fn the_embedded_default_is_valid() {
         let c = Config::embedded_default().expect("parses");
         assert_eq!(c.validate(), FieldErrors::new());

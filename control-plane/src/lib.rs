@@ -14,6 +14,7 @@ pub mod demo;
 pub mod metrics;
 pub mod model;
 pub mod offers;
+pub mod planner;
 pub mod reconcile;
 pub mod scheduler;
 pub mod server;

@@ -55,8 +55,10 @@ pub trait Ec2Api: Send + Sync {
     /// The spot price in effect now of each type in each zone name (all pages).
     async fn spot_prices(&self, types: &[String]) -> Result<Vec<SpotPricePoint>, ProviderError>;
     /// vCPUs, memory and GPUs of instance types.
-    async fn instance_types(&self, types: &[String])
-    -> Result<Vec<InstanceTypeInfo>, ProviderError>;
+    async fn instance_types(
+        &self,
+        types: &[String],
+    ) -> Result<Vec<InstanceTypeInfo>, ProviderError>;
     /// Launches one instance; returns its id.
     async fn launch(&self, spec: &LaunchSpec) -> Result<String, ProviderError>;
     /// Terminates instances; an id that does not exist is `NotFound`.
@@ -227,10 +229,7 @@ impl AwsProvider {
             cfg,
             regions,
             queue,
-            catalog: catalog
-                .into_iter()
-                .filter(|r| r.gpu_count > 0)
-                .collect(),
+            catalog: catalog.into_iter().filter(|r| r.gpu_count > 0).collect(),
             cache: Mutex::new(None),
         })
     }
@@ -258,7 +257,7 @@ impl AwsProvider {
         }
         let in_catalog = |t: &str, zone_id: Option<&str>| {
             self.catalog.iter().find(|r| {
-                &*r.region == region.name
+                *r.region == *region.name
                     && &*r.instance_type == t
                     && zone_id.is_none_or(|z| &*r.zone == z)
             })
@@ -301,7 +300,7 @@ impl AwsProvider {
                 zones = self
                     .catalog
                     .iter()
-                    .filter(|r| &*r.region == region.name && &*r.instance_type == t)
+                    .filter(|r| *r.region == *region.name && &*r.instance_type == t)
                     .map(|r| r.zone.to_string())
                     .collect();
             }
@@ -388,7 +387,11 @@ impl AwsProvider {
             provider_id: i.id,
             zone,
             instance_type: i.instance_type,
-            market: if i.spot { Market::Spot } else { Market::OnDemand },
+            market: if i.spot {
+                Market::Spot
+            } else {
+                Market::OnDemand
+            },
             state: i.state,
             launched_at: i.launched_at,
             tags: i.tags,
@@ -666,15 +669,13 @@ pub fn parse_event(body: &str, now: DateTime<Utc>) -> Result<Routed, EventError>
             }
         }
         ("aws.health", "AWS Health Event") => {
-            let d: HealthDetail =
-                serde_json::from_value(env.detail.clone()).map_err(detail_err)?;
+            let d: HealthDetail = serde_json::from_value(env.detail.clone()).map_err(detail_err)?;
             if d.service != "EC2" || d.event_type_category != "scheduledChange" {
-                return Ok(Routed::Ignored("a health event that is not an EC2 scheduled change"));
+                return Ok(Routed::Ignored(
+                    "a health event that is not an EC2 scheduled change",
+                ));
             }
-            let deadline = d
-                .start_time
-                .as_deref()
-                .and_then(parse_health_time);
+            let deadline = d.start_time.as_deref().and_then(parse_health_time);
             Ok(Routed::Events(
                 d.affected_entities
                     .into_iter()
@@ -747,25 +748,32 @@ fn aws_smithy_display<E: std::error::Error + 'static>(e: &E) -> String {
 /// EC2 error codes (docs: "Error codes for the Amazon EC2 API").
 fn code_error(code: &str, message: String) -> ProviderError {
     match code {
-        "InsufficientInstanceCapacity" | "InsufficientCapacity" | "InsufficientHostCapacity"
-        | "InsufficientReservedInstanceCapacity" | "Unsupported" => {
-            ProviderError::InsufficientCapacity {
-                offer_id: String::new(),
-                message,
-            }
-        }
-        "MaxSpotInstanceCountExceeded" | "InstanceLimitExceeded" | "VcpuLimitExceeded"
-        | "MaxSpotFleetRequestCountExceeded" | "ResourceLimitExceeded" => {
-            ProviderError::Quota(message)
-        }
+        "InsufficientInstanceCapacity"
+        | "InsufficientCapacity"
+        | "InsufficientHostCapacity"
+        | "InsufficientReservedInstanceCapacity"
+        | "Unsupported" => ProviderError::InsufficientCapacity {
+            offer_id: String::new(),
+            message,
+        },
+        "MaxSpotInstanceCountExceeded"
+        | "InstanceLimitExceeded"
+        | "VcpuLimitExceeded"
+        | "MaxSpotFleetRequestCountExceeded"
+        | "ResourceLimitExceeded" => ProviderError::Quota(message),
         "SpotMaxPriceTooLow" => ProviderError::PriceTooLow(message),
         "RequestLimitExceeded" | "Throttling" | "ThrottlingException" | "RequestThrottled" => {
             ProviderError::Throttled {
                 retry_after: Duration::from_secs(1),
             }
         }
-        "AuthFailure" | "UnauthorizedOperation" | "InvalidClientTokenId" | "ExpiredToken"
-        | "SignatureDoesNotMatch" | "OptInRequired" | "AccessDenied"
+        "AuthFailure"
+        | "UnauthorizedOperation"
+        | "InvalidClientTokenId"
+        | "ExpiredToken"
+        | "SignatureDoesNotMatch"
+        | "OptInRequired"
+        | "AccessDenied"
         | "AccessDeniedException" => ProviderError::Auth(message),
         c if c.ends_with(".NotFound") || c == "AWS.SimpleQueueService.NonExistentQueue" => {
             ProviderError::NotFound(message)
@@ -863,7 +871,10 @@ impl Ec2Api for SdkEc2 {
             .0
             .describe_spot_price_history()
             .set_instance_types(Some(
-                types.iter().map(|t| ec2t::InstanceType::from(t.as_str())).collect(),
+                types
+                    .iter()
+                    .map(|t| ec2t::InstanceType::from(t.as_str()))
+                    .collect(),
             ))
             .product_descriptions(PRODUCT)
             .start_time(aws_sdk_ec2::primitives::DateTime::from_secs(
@@ -905,7 +916,10 @@ impl Ec2Api for SdkEc2 {
             .0
             .describe_instance_types()
             .set_instance_types(Some(
-                types.iter().map(|t| ec2t::InstanceType::from(t.as_str())).collect(),
+                types
+                    .iter()
+                    .map(|t| ec2t::InstanceType::from(t.as_str()))
+                    .collect(),
             ))
             .into_paginator()
             .send();
@@ -913,14 +927,13 @@ impl Ec2Api for SdkEc2 {
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| sdk_error("DescribeInstanceTypes", e))?;
             for t in page.instance_types() {
-                let Some(ty) = t.instance_type() else { continue };
+                let Some(ty) = t.instance_type() else {
+                    continue;
+                };
                 let gpus = t.gpu_info().map(|g| g.gpus()).unwrap_or_default();
                 let gpu_count: i32 = gpus.iter().filter_map(|g| g.count()).sum();
                 let gpu_model = gpus.first().and_then(|g| {
-                    gpu_model_of(
-                        g.name()?,
-                        g.memory_info().and_then(|m| m.size_in_mib()),
-                    )
+                    gpu_model_of(g.name()?, g.memory_info().and_then(|m| m.size_in_mib()))
                 });
                 out.push(InstanceTypeInfo {
                     instance_type: ty.as_str().to_owned(),
@@ -1083,7 +1096,9 @@ impl Ec2Api for SdkEc2 {
                 call = if spot {
                     call.spot_options(
                         ec2t::SpotOptionsRequest::builder()
-                            .allocation_strategy(ec2t::SpotAllocationStrategy::PriceCapacityOptimized)
+                            .allocation_strategy(
+                                ec2t::SpotAllocationStrategy::PriceCapacityOptimized,
+                            )
                             .build(),
                     )
                 } else {
@@ -1094,12 +1109,7 @@ impl Ec2Api for SdkEc2 {
                     )
                 };
                 let out = call.send().await.map_err(|e| sdk_error("CreateFleet", e))?;
-                if let Some(id) = out
-                    .instances()
-                    .iter()
-                    .flat_map(|i| i.instance_ids())
-                    .next()
-                {
+                if let Some(id) = out.instances().iter().flat_map(|i| i.instance_ids()).next() {
                     return Ok(id.clone());
                 }
                 // An instant fleet reports launch failures in the response, not as an error.
@@ -1142,11 +1152,15 @@ impl Ec2Api for SdkEc2 {
             })
             .collect();
         self.describe(self.0.describe_instances().set_filters(Some(filters)))
-        .await
+            .await
     }
 
     async fn instances_by_id(&self, ids: &[String]) -> Result<Vec<Ec2Instance>, ProviderError> {
-        self.describe(self.0.describe_instances().set_instance_ids(Some(ids.to_vec())))
+        self.describe(
+            self.0
+                .describe_instances()
+                .set_instance_ids(Some(ids.to_vec())),
+        )
         .await
     }
 }

@@ -33,7 +33,7 @@ pub struct CatalogRow {
     /// Spot price per hour, when the type is sold on spot there.
     pub spot_price: Option<Micros>,
     pub placement_score: Option<f64>,
-    pub interruption_bucket: Option<String>,
+    pub interruption_bucket: Option<Arc<str>>,
 }
 
 /// A catalog file that cannot be read; names the file and line.
@@ -130,7 +130,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<CatalogRow>, CatalogError> 
             } else {
                 Some(num(f[9], "PlacementScore")?)
             },
-            interruption_bucket: (!f[10].is_empty()).then(|| f[10].to_owned()),
+            interruption_bucket: (!f[10].is_empty()).then(|| f[10].into()),
         });
     }
     Ok(rows)
@@ -216,7 +216,7 @@ const AWS_GPU_TYPES: &[(&str, u32, f64, GpuModel, u32)] = &[
 ];
 
 /// The SpotLake interruption-frequency bucket code as its range (data README).
-fn interruption_bucket(code: &str) -> Option<String> {
+fn interruption_bucket(code: &str) -> Option<Arc<str>> {
     Some(
         match code {
             "3.0" => "<5%",
@@ -226,7 +226,7 @@ fn interruption_bucket(code: &str) -> Option<String> {
             "1.0" => ">20%",
             _ => return None,
         }
-        .to_owned(),
+        .into(),
     )
 }
 

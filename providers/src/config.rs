@@ -85,11 +85,30 @@ impl ProviderConfig {
                 if let Some(url) = &c.endpoint_url {
                     check_url(errs, &format!("{at}.endpoint_url"), url);
                 }
+                if let Some(url) = &c.billing_endpoint_url {
+                    check_url(errs, &format!("{at}.billing_endpoint_url"), url);
+                }
+                if c.anonymous_credentials && c.endpoint_url.is_none() {
+                    errs.push(
+                        format!("{at}.anonymous_credentials"),
+                        "only with an endpoint_url (a test server); Google's own endpoints need credentials",
+                    );
+                }
             }
             ProviderConfig::Azure(c) => {
                 nonempty(errs, "subscription_id", &c.subscription_id);
                 nonempty(errs, "resource_group", &c.resource_group);
                 nonempty(errs, "subnet_id", &c.subnet_id);
+                // Password login is off, so Azure refuses a Linux VM without a key.
+                if c.ssh_public_key
+                    .as_deref()
+                    .is_none_or(|k| k.trim().is_empty())
+                {
+                    errs.push(
+                        format!("{at}.ssh_public_key"),
+                        "required: nodes allow SSH-key login only",
+                    );
+                }
                 if c.locations.is_empty() {
                     errs.push(format!("{at}.locations"), "name at least one location");
                 }
@@ -186,6 +205,10 @@ pub struct GcpConfig {
     /// What GCE does with a preempted spot VM: `DELETE` (default) or `STOP`.
     #[serde(default)]
     pub termination_action: GcpTerminationAction,
+    /// Send no credentials, instead of Application Default Credentials: only for a test server
+    /// or emulator at `endpoint_url`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub anonymous_credentials: bool,
 }
 
 fn default_boot_disk_gb() -> u32 {
@@ -305,6 +328,7 @@ mod tests {
             fields,
             [
                 "providers[0].subscription_id",
+                "providers[0].ssh_public_key",
                 "providers[0].locations",
                 "providers[0].endpoint_url",
                 "providers[0].max_price_usd"

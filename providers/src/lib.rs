@@ -7,14 +7,31 @@
 //! real spot traces), and `aws`, `gcp`, `azure` behind cargo features of the same names.
 //! Metrics, retries and rate limits are decorators around the trait, not provider code.
 
+#[cfg(feature = "aws")]
+pub mod aws;
+#[cfg(feature = "azure")]
+pub mod azure;
 pub mod catalog;
 pub mod clock;
 pub mod config;
 pub mod decorators;
+#[cfg(feature = "gcp")]
+pub mod gcp;
 pub mod registry;
 pub mod sim;
 
+/// The tags (AWS, Azure) and labels (GCP, sanitized to its rules) every instance carries.
+pub mod tags {
+    /// The control plane's cluster name: what the orphan sweeper lists by.
+    pub const CLUSTER: &str = "spotplane-cluster";
+    /// The node id the instance was bought for.
+    pub const NODE_ID: &str = "spotplane-node-id";
+    /// The team whose demand bought it.
+    pub const TEAM: &str = "spotplane-team";
+}
+
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,9 +43,10 @@ use spotplane_core::{Cloud, GpuModel, Market, Micros, NodeId};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Offer {
     pub cloud: Cloud,
-    pub region: String,
-    pub zone: String,
-    pub instance_type: String,
+    // Shared, not copied: offers are cloned into every poll, plan and request.
+    pub region: Arc<str>,
+    pub zone: Arc<str>,
+    pub instance_type: Arc<str>,
     pub market: Market,
     pub gpu_model: Option<GpuModel>,
     pub gpu_count: u32,
@@ -41,7 +59,7 @@ pub struct Offer {
     /// AWS spot placement score (1–3) or an equivalent, where the cloud publishes one.
     pub placement_score: Option<f64>,
     /// Interruption-frequency bucket (`<5%`, `5-10%`, ...), where the cloud publishes one.
-    pub interruption_bucket: Option<String>,
+    pub interruption_bucket: Option<Arc<str>>,
 }
 
 impl Offer {

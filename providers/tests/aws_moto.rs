@@ -130,8 +130,15 @@ async fn provision_list_terminate(api: AwsLaunchApi, market: Market) {
     assert_eq!(inst.node_id, Some(req.node_id));
     assert_eq!(inst.instance_type, "g5.xlarge");
     assert_eq!(inst.market, market);
-    assert_eq!(inst.tags.get(tags::TEAM).map(String::as_str), Some("vision"));
-    assert!(inst.zone.starts_with("use1-az"), "zone by id: {}", inst.zone);
+    assert_eq!(
+        inst.tags.get(tags::TEAM).map(String::as_str),
+        Some("vision")
+    );
+    assert!(
+        inst.zone.starts_with("use1-az"),
+        "zone by id: {}",
+        inst.zone
+    );
     if api == AwsLaunchApi::RunInstances {
         // (CreateFleet in moto ignores the override's zone.)
         assert_eq!(inst.zone, *offer.zone);
@@ -150,18 +157,26 @@ async fn provision_list_terminate(api: AwsLaunchApi, market: Market) {
         (tags::CLUSTER.to_owned(), cluster.clone()),
         (tags::TEAM.to_owned(), "nlp".to_owned()),
     ]);
-    assert!(p.list_instances(&other_team).await.expect("listed").is_empty());
+    assert!(
+        p.list_instances(&other_team)
+            .await
+            .expect("listed")
+            .is_empty()
+    );
 
     p.terminate(&inst.provider_id).await.expect("terminated");
     // Idempotent: again, and an id that never existed.
     p.terminate(&inst.provider_id).await.expect("again");
-    p.terminate("i-0123456789abcdef0").await.expect("already gone");
+    p.terminate("i-0123456789abcdef0")
+        .await
+        .expect("already gone");
     // moto keeps terminated instances listed, as EC2 does for about an hour.
     let after = p.list_instances(&by_cluster).await.expect("listed");
     assert!(
-        after
-            .iter()
-            .all(|i| matches!(i.state, InstanceState::Terminated | InstanceState::Terminating)),
+        after.iter().all(|i| matches!(
+            i.state,
+            InstanceState::Terminated | InstanceState::Terminating
+        )),
         "{after:?}"
     );
 }
@@ -259,7 +274,12 @@ async fn the_interruption_queue_is_drained_parsed_and_emptied() {
             .expect("sent");
     }
 
-    let p = provider(&config(&url, AwsLaunchApi::CreateFleet, Some(queue_url.clone()))).await;
+    let p = provider(&config(
+        &url,
+        AwsLaunchApi::CreateFleet,
+        Some(queue_url.clone()),
+    ))
+    .await;
     let mut events = p.drain_interruptions().await.expect("drained");
     events.sort_by(|a, b| a.provider_id.cmp(&b.provider_id));
     let got: Vec<(&str, InterruptionKind)> = events

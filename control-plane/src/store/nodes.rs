@@ -255,7 +255,7 @@ impl Store {
                     price_micros: Set(o.price.0),
                     on_demand_micros: Set(o.on_demand_price.0),
                     placement_score: Set(o.placement_score),
-                    interruption_bucket: Set(o.interruption_bucket.clone()),
+                    interruption_bucket: Set(o.interruption_bucket.as_deref().map(str::to_owned)),
                     observed_at: Set(now),
                     unavailable_until: Set(None),
                 });

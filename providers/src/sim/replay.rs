@@ -7,11 +7,12 @@
 //! as the planner polls them; cost is integrated from the price in force at each step. The
 //! replay drives the same `CloudProvider` calls the control plane makes, on a manual clock.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Duration, Utc};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use spotplane_core::{Market, Micros, NodeId};
 
@@ -140,12 +141,9 @@ async fn poll_offers(sim: &SimCloud, offers: &mut Vec<Offer>, running: &mut [Run
         .into_iter()
         .filter(|o| o.market == Market::Spot && o.gpu_count > 0)
         .collect();
-    offers.sort_by(|a, b| {
-        (a.price.0 / i64::from(a.gpu_count))
-            .cmp(&(b.price.0 / i64::from(b.gpu_count)))
-            .then_with(|| (&a.zone, &a.instance_type).cmp(&(&b.zone, &b.instance_type)))
-    });
-    let index: HashMap<(&str, &str), (Micros, Micros)> = offers
+    // Stable: equal prices keep the catalog's order, so a run is reproducible.
+    offers.sort_by_key(|o| o.price.0 / i64::from(o.gpu_count));
+    let index: FxHashMap<(&str, &str), (Micros, Micros)> = offers
         .iter()
         .map(|o| ((&*o.zone, &*o.instance_type), (o.price, o.on_demand_price)))
         .collect();
@@ -158,10 +156,15 @@ async fn poll_offers(sim: &SimCloud, offers: &mut Vec<Offer>, running: &mut [Run
 
 /// Looks at every node as its agent would; a posted notice means: give it back and replace it.
 async fn watch(sim: &SimCloud, running: &mut Vec<Running>, report: &mut ReplayReport) {
-    let mine: HashSet<&str> = running.iter().map(|r| r.provider_id.as_str()).collect();
+    // Notices are rare: find them first, then ask whether they are ours (no set per step).
+    let now = sim.now();
     let mut noticed: Vec<String> = Vec::new();
     sim.for_each_instance(|inst| {
-        if inst.notice.is_some() && mine.contains(inst.id.as_str()) {
+        // Noticed and not yet given back (those stay listed for an hour after).
+        if inst.notice.is_some()
+            && inst.terminated_at.is_none_or(|t| t > now)
+            && running.iter().any(|r| r.provider_id == inst.id)
+        {
             noticed.push(inst.id.clone());
         }
     });
@@ -172,6 +175,9 @@ async fn watch(sim: &SimCloud, running: &mut Vec<Running>, report: &mut ReplayRe
                 .entry(format!("{:?}", e.kind).to_lowercase())
                 .or_default() += 1;
         }
+    }
+    if noticed.is_empty() {
+        return;
     }
     for id in &noticed {
         report.notices += 1;

@@ -1,0 +1,559 @@
+//! The capacity planner: what to buy and what to give back, from offers and unmet demand.
+//!
+//! A pure function (STYLE.md §5): [`plan`] takes `now` and a [`PlanInput`] snapshot — offers of
+//! every provider, the scheduler's unmet demand, the fleet with its use, observed interruption
+//! rates per pool ([`PoolStats`]), offers set aside after failures ([`Unavailable`]) and team
+//! budgets — and returns a [`Plan`]: nodes to buy (offer, count, which jobs they are for) and
+//! nodes to release. No I/O, no clock, no async; the provisioning reconciler does the rest.
+//!
+//! # How an offer is chosen
+//!
+//! Not by price alone, by **expected cost per hour of useful work**. A gang of `n` nodes on a
+//! pool whose nodes are interrupted at rate λ per node-hour is interrupted at `n·λ`; each
+//! interruption costs the work since the last checkpoint (half the checkpoint interval `c` on
+//! average) plus the restart `r` (a new node's boot and the restore), all `n` nodes billed
+//! meanwhile. So an hour of progress costs
+//!
+//! ```text
+//! n · price · (1 + n·λ·(c/2 + r))
+//! ```
+//!
+//! which is why a big gang may be cheaper on on-demand than on a cheap spot pool that is often
+//! taken, and why a job that never checkpoints is costed with everything it has done as rework.
+//! λ is [`PoolStats::rate`]: the pool's observed interruptions per node-hour, with the cloud's
+//! published interruption bucket as the prior (a Bayesian mean, so a pool seen for a few hours
+//! is not judged by them alone).
+//!
+//! # Deadlines
+//!
+//! A job with a deadline and an estimate of its remaining work is kept safe: when its slack —
+//! time to the deadline minus the remaining work and one restart — no longer covers one more
+//! interruption (the rework `c` and a restart `r`), or when its expected finish on spot would be
+//! later than that, only on-demand offers are considered. This is the online rule that the
+//! `bench deadline` policies measure against the Can't Be Late traces.
+//!
+//! # Constraints never broken
+//!
+//! A buy respects the job's clouds, regions, `spot` flag and `max_hourly_usd` (for the whole
+//! gang), the team's hourly budget (its fleet's price per hour) and monthly budget (spent so far
+//! plus the fleet for one more hour), and never uses an offer in [`Unavailable`]. Multi-node gangs
+//! get nodes of one offer, which is one zone. Capacity already bought and still booting is used
+//! before anything new is bought.
+//!
+//! # Spreading
+//!
+//! Among offers whose expected cost is within [`PlannerSettings::spread_tolerance`] of the best,
+//! the one where the team already has the fewest nodes wins: a team's fleet spread over pools
+//! loses less at once when one pool is reclaimed (spot reclaims are correlated within a pool).
+//!
+//! # Releases
+//!
+//! A ready node with nothing on it for longer than the idle grace is released, unless unmet
+//! demand would fit on it; a node that has not become ready within the boot timeout is released
+//! and its offer reported, so the reconciler can set it aside.
+
+mod pool;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use spotplane_core::shape::{GpuShape, ResourceShape};
+use spotplane_core::{Cloud, JobId, Market, Micros, NodeId, TeamName};
+use spotplane_providers::Offer;
+
+pub use pool::{PoolStats, Unavailable, pool_id};
+
+/// Tunables of the planner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannerSettings {
+    /// Restart cost in hours when a job declares none: a new node's boot and the restore.
+    pub default_restart_hours: f64,
+    /// Checkpoint interval in hours assumed for a job that checkpoints without saying how often.
+    pub default_checkpoint_hours: f64,
+    /// Rework assumed for a job that never checkpoints: everything since it started, at most this.
+    pub no_checkpoint_rework_hours: f64,
+    /// Offers within this share of the best expected cost count as equally good (for spreading).
+    pub spread_tolerance: f64,
+    /// A ready node empty for this long is released.
+    pub idle_grace: Duration,
+    /// A node not ready after this long is released and its offer reported.
+    pub boot_timeout: Duration,
+}
+
+impl Default for PlannerSettings {
+    fn default() -> Self {
+        PlannerSettings {
+            default_restart_hours: 0.1,
+            default_checkpoint_hours: 0.5,
+            no_checkpoint_rework_hours: 4.0,
+            spread_tolerance: 0.05,
+            idle_grace: Duration::minutes(5),
+            boot_timeout: Duration::minutes(15),
+        }
+    }
+}
+
+/// One job the scheduler could not place for want of capacity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Demand {
+    pub job: JobId,
+    pub team: TeamName,
+    pub priority: i32,
+    pub replicas: u32,
+    pub shape: ResourceShape,
+    /// Allowed clouds and regions; any when empty.
+    pub clouds: Vec<Cloud>,
+    pub regions: Vec<String>,
+    /// Whether spot may be used at all.
+    pub spot: bool,
+    /// Most the whole gang may cost per hour.
+    pub max_hourly: Option<Micros>,
+    pub deadline: Option<DateTime<Utc>>,
+    /// Compute still needed, in hours, when known.
+    pub remaining_hours: Option<f64>,
+    /// How often it checkpoints, in hours; `None`: it does not.
+    pub checkpoint_hours: Option<f64>,
+    /// Its restart cost in hours (boot + restore), when known.
+    pub restart_hours: Option<f64>,
+}
+
+/// A node of the fleet as the planner sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetNode {
+    pub id: NodeId,
+    /// The offer it was bought from ([`Offer::id`]).
+    pub offer_id: String,
+    pub cloud: Cloud,
+    pub zone: String,
+    pub market: Market,
+    pub price: Micros,
+    /// The team whose demand bought it, if any.
+    pub team: Option<TeamName>,
+    pub phase: FleetPhase,
+    /// Whole GPUs with nothing on them.
+    pub free_gpus: u32,
+    pub gpu_count: u32,
+    /// Since when nothing runs on it (ready nodes).
+    pub idle_since: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FleetPhase {
+    /// Bought, not yet reporting: since when.
+    Booting {
+        since: DateTime<Utc>,
+    },
+    Ready,
+    /// Draining or terminating: its capacity is going away.
+    Leaving,
+}
+
+/// A team's spending limits.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Budget {
+    pub hourly: Option<Micros>,
+    pub monthly: Option<Micros>,
+    /// Spent so far this month.
+    pub month_to_date: Micros,
+}
+
+/// Everything one planning round looks at.
+#[derive(Debug, Clone, Default)]
+pub struct PlanInput {
+    pub offers: Vec<Offer>,
+    pub demand: Vec<Demand>,
+    pub fleet: Vec<FleetNode>,
+    pub pools: PoolStats,
+    pub unavailable: Unavailable,
+    pub budgets: BTreeMap<TeamName, Budget>,
+}
+
+/// What to do.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    pub buys: Vec<Buy>,
+    pub releases: Vec<Release>,
+    /// Demand left unserved, and why.
+    pub unserved: Vec<(JobId, Unserved)>,
+}
+
+/// Nodes to buy from one offer for one job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Buy {
+    pub job: JobId,
+    pub team: TeamName,
+    pub offer: Offer,
+    pub count: u32,
+    /// The offer's expected cost per hour of progress for this job (see the module doc).
+    pub expected_hourly: Micros,
+    /// The deadline forced on-demand capacity.
+    pub deadline_forced: bool,
+    /// Other offers the reconciler may try, best first, when this one fails for capacity.
+    pub fallbacks: Vec<Offer>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Release {
+    pub node: NodeId,
+    pub reason: ReleaseReason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseReason {
+    /// Empty longer than the idle grace.
+    Idle,
+    /// Never became ready: the reconciler sets its offer aside.
+    BootTimeout,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unserved {
+    /// No offer can run the shape within the job's constraints.
+    NoOffer,
+    /// Offers exist, but all are above the job's maximum price.
+    OverMaxPrice,
+    /// The team's hourly or monthly budget is spent.
+    OverBudget,
+    /// Capacity already bought and booting will take it.
+    Booting,
+}
+
+/// How many replicas of `shape` fit on one node of `offer`; 0 when none does.
+pub fn replicas_per_node(shape: &ResourceShape, offer: &Offer) -> u32 {
+    // Zero asks nothing of that resource: no limit.
+    let by_cpu = offer
+        .vcpus
+        .saturating_mul(1000)
+        .checked_div(shape.cpu_milli)
+        .unwrap_or(u32::MAX);
+    let by_memory = offer
+        .memory_mib
+        .checked_div(shape.memory_mib)
+        .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX));
+    let by_gpu = match (&shape.gpu, offer.gpu_model) {
+        (GpuShape::Whole { gpus: 0, .. }, _) => u32::MAX,
+        (_, None) => 0,
+        (g, Some(model)) if !g.allows_model(model) => 0,
+        (GpuShape::Whole { gpus, .. }, Some(_)) => offer.gpu_count / gpus,
+        (GpuShape::Mig { profile, .. }, Some(model)) => profile
+            .class_on(model)
+            .map_or(0, |c| offer.gpu_count * u32::from(c.max_per_gpu())),
+        (GpuShape::Shared { gpu_milli, .. }, Some(_)) => {
+            offer.gpu_count * (spotplane_core::shape::GPU_MILLI / (*gpu_milli).max(1))
+        }
+    };
+    by_cpu.min(by_memory).min(by_gpu)
+}
+
+/// Whole GPUs `replicas` replicas of `shape` take on one node (MIG and shared replicas are
+/// packed onto as few GPUs as the geometry allows).
+fn gpus_taken(shape: &GpuShape, replicas: u32, model: Option<spotplane_core::GpuModel>) -> u32 {
+    match (shape, model) {
+        (GpuShape::Whole { gpus, .. }, _) => gpus * replicas,
+        (GpuShape::Mig { profile, .. }, Some(m)) => profile
+            .class_on(m)
+            .map_or(replicas, |c| replicas.div_ceil(u32::from(c.max_per_gpu()))),
+        (GpuShape::Shared { gpu_milli, .. }, Some(_)) => {
+            let per_gpu = (spotplane_core::shape::GPU_MILLI / (*gpu_milli).max(1)).max(1);
+            replicas.div_ceil(per_gpu)
+        }
+        (_, None) => 0,
+    }
+}
+
+impl Demand {
+    fn allows(&self, offer: &Offer) -> bool {
+        (self.clouds.is_empty() || self.clouds.contains(&offer.cloud))
+            && (self.regions.is_empty() || self.regions.iter().any(|r| *r == *offer.region))
+            && (self.spot || offer.market == Market::OnDemand)
+    }
+
+    fn rework_hours(&self, s: &PlannerSettings) -> f64 {
+        match self.checkpoint_hours {
+            Some(c) => c / 2.0,
+            None => self
+                .remaining_hours
+                .map_or(s.no_checkpoint_rework_hours, |w| {
+                    (w / 2.0).min(s.no_checkpoint_rework_hours)
+                }),
+        }
+    }
+
+    fn restart(&self, s: &PlannerSettings) -> f64 {
+        self.restart_hours.unwrap_or(s.default_restart_hours)
+    }
+
+    /// Whether the deadline leaves no room for spot: see the module doc.
+    fn deadline_forces_on_demand(
+        &self,
+        now: DateTime<Utc>,
+        worst_rate: f64,
+        nodes: u32,
+        s: &PlannerSettings,
+    ) -> bool {
+        let (Some(deadline), Some(work)) = (self.deadline, self.remaining_hours) else {
+            return false;
+        };
+        let left = (deadline - now).num_seconds() as f64 / 3600.0;
+        let r = self.restart(s);
+        let c = self
+            .checkpoint_hours
+            .unwrap_or(work.min(s.no_checkpoint_rework_hours));
+        let slack = left - work - r;
+        if slack < c + r {
+            return true;
+        }
+        // Expected finish on spot, with the interruptions the pool is known for.
+        let expected = work * (1.0 + f64::from(nodes) * worst_rate * (self.rework_hours(s) + r));
+        expected + r > left - (c + r)
+    }
+}
+
+/// Expected cost per hour of progress of `nodes` nodes at `price` interrupted at `rate`.
+fn expected_hourly(price: Micros, nodes: u32, rate: f64, rework: f64, restart: f64) -> f64 {
+    let n = f64::from(nodes);
+    n * price.0 as f64 * (1.0 + n * rate * (rework + restart))
+}
+
+/// One planning round. Deterministic: the same input gives the same plan.
+pub fn plan(now: DateTime<Utc>, input: &PlanInput, settings: &PlannerSettings) -> Plan {
+    let mut out = Plan::default();
+    // Booting capacity not yet spoken for, per node: whole GPUs free.
+    let mut booting: Vec<(usize, u32)> = input
+        .fleet
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| matches!(n.phase, FleetPhase::Booting { .. }))
+        .map(|(i, n)| (i, n.free_gpus))
+        .collect();
+    // Per team: price per hour of its fleet (bought in this round included) and nodes per pool.
+    let mut team_hourly: BTreeMap<TeamName, i64> = BTreeMap::new();
+    let mut team_pools: BTreeMap<(TeamName, String), u32> = BTreeMap::new();
+    for n in &input.fleet {
+        if let (Some(t), false) = (&n.team, n.phase == FleetPhase::Leaving) {
+            *team_hourly.entry(t.clone()).or_default() += n.price.0;
+            *team_pools
+                .entry((t.clone(), n.offer_id.clone()))
+                .or_default() += 1;
+        }
+    }
+
+    // Deadlines first (the nearest first), then priority, then job id (submission order).
+    let mut demand: Vec<&Demand> = input.demand.iter().collect();
+    demand.sort_by(|a, b| {
+        let da = a.deadline.unwrap_or(DateTime::<Utc>::MAX_UTC);
+        let db = b.deadline.unwrap_or(DateTime::<Utc>::MAX_UTC);
+        da.cmp(&db)
+            .then(b.priority.cmp(&a.priority))
+            .then(a.job.cmp(&b.job))
+    });
+
+    for d in demand {
+        if take_booting(d, input, &mut booting) {
+            out.unserved.push((d.job, Unserved::Booting));
+            continue;
+        }
+        match choose(now, d, input, settings, &team_pools) {
+            Err(why) => out.unserved.push((d.job, why)),
+            Ok((best, fallbacks, expected, forced)) => {
+                let per_node = replicas_per_node(&d.shape, &best);
+                let count = d.replicas.div_ceil(per_node.max(1));
+                let add = best.price.0.saturating_mul(i64::from(count));
+                let budget = input.budgets.get(&d.team).copied().unwrap_or_default();
+                let hourly_now = team_hourly.get(&d.team).copied().unwrap_or(0);
+                let over_hourly = budget.hourly.is_some_and(|b| hourly_now + add > b.0);
+                let over_monthly = budget
+                    .monthly
+                    .is_some_and(|b| budget.month_to_date.0 + hourly_now + add > b.0);
+                if over_hourly || over_monthly {
+                    out.unserved.push((d.job, Unserved::OverBudget));
+                    continue;
+                }
+                *team_hourly.entry(d.team.clone()).or_default() += add;
+                *team_pools.entry((d.team.clone(), best.id())).or_default() += count;
+                out.buys.push(Buy {
+                    job: d.job,
+                    team: d.team.clone(),
+                    offer: best,
+                    count,
+                    expected_hourly: Micros(expected.round() as i64),
+                    deadline_forced: forced,
+                    fallbacks,
+                });
+            }
+        }
+    }
+
+    out.releases = releases(now, input, settings);
+    out
+}
+
+/// Puts a demand on booting nodes when one node (or, for a gang, nodes of one zone) can take
+/// it; returns whether it did.
+fn take_booting(d: &Demand, input: &PlanInput, booting: &mut [(usize, u32)]) -> bool {
+    let gpu_model_fits = |n: &FleetNode| -> Option<u32> {
+        let offer = input.offers.iter().find(|o| o.id() == n.offer_id)?;
+        let per_node = replicas_per_node(&d.shape, offer);
+        (per_node > 0 && d.allows(offer)).then_some(per_node)
+    };
+    // Group the candidate nodes by zone; a gang takes nodes of one zone only.
+    let mut by_zone: BTreeMap<&str, Vec<(usize, u32)>> = BTreeMap::new();
+    for (slot, (i, free)) in booting.iter().enumerate() {
+        let n = &input.fleet[*i];
+        if let Some(per_node) = gpu_model_fits(n) {
+            let model = input
+                .offers
+                .iter()
+                .find(|o| o.id() == n.offer_id)
+                .and_then(|o| o.gpu_model);
+            // Replicas this node can still take, given its free GPUs.
+            let mut k = per_node;
+            while k > 0 && gpus_taken(&d.shape.gpu, k, model) > *free {
+                k -= 1;
+            }
+            if k > 0 {
+                by_zone.entry(n.zone.as_str()).or_default().push((slot, k));
+            }
+        }
+    }
+    for nodes in by_zone.values() {
+        let room: u32 = nodes.iter().map(|(_, k)| k).sum();
+        if room < d.replicas {
+            continue;
+        }
+        let mut left = d.replicas;
+        for (slot, k) in nodes {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(*k);
+            let (i, free) = &mut booting[*slot];
+            let model = input
+                .offers
+                .iter()
+                .find(|o| o.id() == input.fleet[*i].offer_id)
+                .and_then(|o| o.gpu_model);
+            *free = free.saturating_sub(gpus_taken(&d.shape.gpu, take, model));
+            left -= take;
+        }
+        return true;
+    }
+    false
+}
+
+type Choice = (Offer, Vec<Offer>, f64, bool);
+
+/// The best offer for a demand, the fallbacks after it, its expected hourly cost, and whether
+/// the deadline forced on-demand.
+fn choose(
+    now: DateTime<Utc>,
+    d: &Demand,
+    input: &PlanInput,
+    s: &PlannerSettings,
+    team_pools: &BTreeMap<(TeamName, String), u32>,
+) -> Result<Choice, Unserved> {
+    let fits: Vec<(&Offer, u32)> = input
+        .offers
+        .iter()
+        .filter(|o| d.allows(o) && !input.unavailable.contains(&o.id(), now))
+        .filter_map(|o| {
+            let per = replicas_per_node(&d.shape, o);
+            (per > 0).then(|| (o, d.replicas.div_ceil(per)))
+        })
+        .collect();
+    if fits.is_empty() {
+        return Err(Unserved::NoOffer);
+    }
+    let within_price: Vec<(&Offer, u32)> = fits
+        .into_iter()
+        .filter(|(o, n)| {
+            d.max_hourly
+                .is_none_or(|m| o.price.0.saturating_mul(i64::from(*n)) <= m.0)
+        })
+        .collect();
+    if within_price.is_empty() {
+        return Err(Unserved::OverMaxPrice);
+    }
+    // The deadline test uses the worst spot pool among the candidates, so it does not depend
+    // on which pool happens to be picked.
+    let worst_rate = within_price
+        .iter()
+        .filter(|(o, _)| o.market == Market::Spot)
+        .map(|(o, _)| input.pools.rate(o))
+        .fold(0.0_f64, f64::max);
+    let max_nodes = within_price.iter().map(|(_, n)| *n).max().unwrap_or(1);
+    let forced = d.spot && d.deadline_forces_on_demand(now, worst_rate, max_nodes, s);
+    let mut scored: Vec<(f64, u32, &Offer)> = within_price
+        .into_iter()
+        .filter(|(o, _)| !forced || o.market == Market::OnDemand)
+        .map(|(o, n)| {
+            let rate = if o.market == Market::Spot {
+                input.pools.rate(o)
+            } else {
+                0.0
+            };
+            let e = expected_hourly(o.price, n, rate, d.rework_hours(s), d.restart(s));
+            let held = team_pools
+                .get(&(d.team.clone(), o.id()))
+                .copied()
+                .unwrap_or(0);
+            (e, held, o)
+        })
+        .collect();
+    if scored.is_empty() {
+        // Forced to on-demand and none is allowed within the price.
+        return Err(Unserved::OverMaxPrice);
+    }
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.id().cmp(&b.2.id())));
+    let best = scored[0].0;
+    // Spreading: among the near-best, the pool where the team holds the fewest nodes.
+    let limit = best * (1.0 + s.spread_tolerance);
+    let pick = scored
+        .iter()
+        .enumerate()
+        .take_while(|(_, (e, _, _))| *e <= limit)
+        .min_by_key(|(i, (_, held, _))| (*held, *i))
+        .map_or(0, |(i, _)| i);
+    let chosen = scored.remove(pick);
+    let fallbacks: Vec<Offer> = scored
+        .iter()
+        .take(8)
+        .map(|(_, _, o)| (*o).clone())
+        .collect();
+    Ok((chosen.2.clone(), fallbacks, chosen.0, forced))
+}
+
+fn releases(now: DateTime<Utc>, input: &PlanInput, s: &PlannerSettings) -> Vec<Release> {
+    let mut out = Vec::new();
+    for n in &input.fleet {
+        match n.phase {
+            FleetPhase::Booting { since } if now - since > s.boot_timeout => out.push(Release {
+                node: n.id,
+                reason: ReleaseReason::BootTimeout,
+            }),
+            FleetPhase::Ready
+                if n.free_gpus == n.gpu_count
+                    && n.idle_since.is_some_and(|t| now - t >= s.idle_grace) =>
+            {
+                // Kept when waiting demand could use it (the scheduler places it next cycle).
+                let offer = input.offers.iter().find(|o| o.id() == n.offer_id);
+                let wanted = offer.is_some_and(|o| {
+                    input
+                        .demand
+                        .iter()
+                        .any(|d| d.allows(o) && replicas_per_node(&d.shape, o) > 0)
+                });
+                if !wanted {
+                    out.push(Release {
+                        node: n.id,
+                        reason: ReleaseReason::Idle,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}

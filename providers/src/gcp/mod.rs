@@ -1,0 +1,1122 @@
+//! Google Cloud: Compute Engine GPU VMs, spot and on-demand, through Google's
+//! `google-cloud-compute-v1` client.
+//!
+//! # Offers and prices
+//!
+//! An offer is a machine type in a configured zone on one market. The machine types are
+//! `machine_types` from the configuration, else every catalog row with GPUs; the shapes (vCPUs,
+//! memory, GPU model and count) always come from the catalog, so a configured type without a
+//! catalog row in a zone is skipped with a warning.
+//!
+//! Prices come from the Cloud Billing Catalog API (`GET /v1/services/6F81-5844-456A/skus`, every
+//! page). Compute Engine bills a GPU VM per component (GPUs, vCPUs, memory), and only the GPU
+//! SKUs name a GPU model, so a row is priced like this:
+//!
+//! - on-demand: the catalog's on-demand price (list prices, which change rarely);
+//! - spot: that on-demand price times the GPU's live spot/on-demand ratio, from the
+//!   `Preemptible` and `OnDemand` SKUs of the row's GPU model in the row's region. The GPU is
+//!   most of a GPU VM's price (about 80% of `a2-highgpu-1g` and `g2-standard-4` at list
+//!   prices), so its discount is a close estimate of the VM's; the vCPU and memory SKUs, whose
+//!   names differ by machine family, are not read.
+//!
+//! A row whose GPU SKUs are not both found, or whose ratio is not in (0, 1], keeps its catalog
+//! prices. When the billing call fails, or prices nothing at all, every row keeps its catalog
+//! prices and a warning is logged: `list_offers` never fails for want of prices. Offers are
+//! cached for [`PRICE_REFRESH`] (catalog-priced ones for [`FALLBACK_REFRESH`], so a billing
+//! outage is retried sooner).
+//!
+//! # Provisioning
+//!
+//! `instances.insert` in the offer's zone, then `zoneOperations.wait` (at most
+//! [`MAX_OPERATION_WAITS`] times, each up to GCE's two minutes), then `instances.get`.
+//! Spot: `scheduling.provisioningModel = SPOT`, `instanceTerminationAction` from the
+//! configuration, `onHostMaintenance = TERMINATE`, `automaticRestart = false`; on-demand:
+//! `STANDARD`, `TERMINATE` (GPU VMs cannot live-migrate), automatic restart on. N1 machine types
+//! get their GPUs as `guestAccelerators`; A2, A3, G2 and later families include them. The VM has
+//! one boot disk from `source_image`, one NIC on `network`/`subnetwork` with an ephemeral
+//! external IP (the default network has no Cloud NAT, and the node agent must reach the control
+//! plane), the configured service account with the `cloud-platform` scope, and the request's
+//! user data as the `startup-script` metadata item.
+//!
+//! Idempotency: the instance name is derived from the node id and GCE's `requestId` is a UUIDv5
+//! of the client token, so a repeated request gets the first one's operation back, and an
+//! `alreadyExists` answer means an earlier attempt created the instance: it is read and returned.
+//!
+//! # Identifiers
+//!
+//! - provider id: `zones/{zone}/instances/{name}`;
+//! - instance name: `spotplane-{node id as 32 hex digits}`;
+//! - labels: the request's tags, sanitized to GCE's label rules (see [`label_key`]), plus
+//!   [`NODE_ID_LABEL`] with the node id, from which `list_instances` reads `node_id`.
+//!
+//! # Errors
+//!
+//! From the HTTP status and GCE's error reasons (synchronous `error.errors[].reason` or a failed
+//! operation's `error.errors[].code`): `ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS]` →
+//! `InsufficientCapacity`, `QUOTA_EXCEEDED`/`quotaExceeded` → `Quota` (GCE sends it as a 403),
+//! `rateLimitExceeded` and 429 → `Throttled`, other 401/403 → `Auth`, 404 → `NotFound`, 400 →
+//! `InvalidRequest`, 5xx and network failures → `Transient`. The SDK's own retries are off:
+//! retrying is the decorators' job ([`crate::decorators`]).
+//!
+//! # Credentials and endpoints
+//!
+//! Application Default Credentials (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's ADC file, the
+//! metadata server) for Compute Engine and Cloud Billing alike. `endpoint_url` and
+//! `billing_endpoint_url` point the clients at other servers; `anonymous_credentials` sends no
+//! credentials, for a test server.
+//!
+//! # Interruptions
+//!
+//! GCE publishes no interruption stream a provider could drain here (preemption notices reach a
+//! VM through its metadata server, `instance/preempted`), so [`GcpProvider::drain_interruptions`]
+//! returns nothing and the node agents report them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use google_cloud_auth::credentials::{CacheableResource, Credentials};
+use google_cloud_compute_v1::client::{Instances, ZoneOperations};
+use google_cloud_compute_v1::model::{
+    self, AcceleratorConfig, AccessConfig, AttachedDisk, AttachedDiskInitializeParams, Metadata,
+    NetworkInterface, Operation, Scheduling, ServiceAccount, access_config, instance, operation,
+    scheduling,
+};
+use google_cloud_gax::error::rpc::StatusDetails;
+use google_cloud_gax::retry_policy::NeverRetry;
+use serde::Deserialize;
+use spotplane_core::{Cloud, GpuModel, Market, Micros, NodeId};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::catalog::CatalogRow;
+use crate::config::{GcpConfig, GcpTerminationAction};
+use crate::{
+    CloudProvider, Instance, InstanceState, InterruptionEvent, Offer, ProviderError,
+    ProvisionRequest,
+};
+
+#[cfg(test)]
+mod tests;
+
+/// The label carrying the node id on every instance spotplane creates.
+pub const NODE_ID_LABEL: &str = crate::tags::NODE_ID;
+
+/// Compute Engine's service id in the Cloud Billing Catalog.
+pub const COMPUTE_BILLING_SERVICE: &str = "6F81-5844-456A";
+
+const DEFAULT_BILLING_ENDPOINT: &str = "https://cloudbilling.googleapis.com";
+
+/// How long offers priced from the billing API are served from the cache.
+pub const PRICE_REFRESH: Duration = Duration::from_secs(300);
+
+/// How long offers at catalog prices (the billing call failed) are served from the cache.
+pub const FALLBACK_REFRESH: Duration = Duration::from_secs(60);
+
+/// `zoneOperations.wait` calls per insert; each returns after at most two minutes.
+pub const MAX_OPERATION_WAITS: u32 = 4;
+
+/// Pages read from one listing at most; a bound against a server that never stops paging.
+const MAX_PAGES: usize = 200;
+
+const BILLING_PAGE_SIZE: &str = "5000";
+const BILLING_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// When GCE throttles without saying for how long.
+const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// The namespace of the UUIDv5 `requestId`s made from client tokens. Changing it would make a
+/// retry after an upgrade look like a new request to GCE.
+const REQUEST_ID_NAMESPACE: Uuid = Uuid::from_u128(0x5f0a_7c1e_3b2d_4e8f_9a61_0c4d_2e7b_8a93);
+
+const NAME_PREFIX: &str = "spotplane-";
+const CLOUD_PLATFORM_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
+const LABEL_MAX: usize = 63;
+
+/// A GCP project's Compute Engine capacity in the configured zones.
+pub struct GcpProvider {
+    cfg: GcpConfig,
+    catalog: Vec<CatalogRow>,
+    instances: Instances,
+    operations: ZoneOperations,
+    credentials: Credentials,
+    http: reqwest::Client,
+    billing_endpoint: String,
+    refresh: Duration,
+    offers: tokio::sync::Mutex<Option<CachedOffers>>,
+}
+
+struct CachedOffers {
+    until: Instant,
+    offers: Vec<Offer>,
+}
+
+impl GcpProvider {
+    /// Builds the clients: Application Default Credentials, or none when the configuration asks
+    /// for `anonymous_credentials`. Calls neither Compute Engine nor Cloud Billing (credentials
+    /// from the metadata server may ask it for their universe domain).
+    pub async fn from_config(
+        cfg: &GcpConfig,
+        catalog: Vec<CatalogRow>,
+    ) -> Result<Self, ProviderError> {
+        let credentials = if cfg.anonymous_credentials {
+            google_cloud_auth::credentials::anonymous::Builder::new().build()
+        } else {
+            google_cloud_auth::credentials::Builder::default()
+                .build()
+                .map_err(|e| ProviderError::Auth(format!("Application Default Credentials: {e}")))?
+        };
+        Self::with_credentials(cfg, catalog, credentials).await
+    }
+
+    /// [`from_config`](Self::from_config) with the given credentials.
+    pub(crate) async fn with_credentials(
+        cfg: &GcpConfig,
+        catalog: Vec<CatalogRow>,
+        credentials: Credentials,
+    ) -> Result<Self, ProviderError> {
+        let mut instances = Instances::builder()
+            .with_credentials(credentials.clone())
+            .with_retry_policy(NeverRetry);
+        let mut operations = ZoneOperations::builder()
+            .with_credentials(credentials.clone())
+            .with_retry_policy(NeverRetry);
+        if let Some(url) = &cfg.endpoint_url {
+            instances = instances.with_endpoint(url.trim_end_matches('/'));
+            operations = operations.with_endpoint(url.trim_end_matches('/'));
+        }
+        let setup = |e: google_cloud_gax::client_builder::Error| {
+            if e.is_default_credentials() {
+                ProviderError::Auth(e.to_string())
+            } else {
+                ProviderError::InvalidRequest(format!("the Compute Engine client: {e}"))
+            }
+        };
+        let instances = instances.build().await.map_err(setup)?;
+        let operations = operations.build().await.map_err(setup)?;
+        let http = reqwest::Client::builder()
+            .timeout(BILLING_TIMEOUT)
+            .build()
+            .map_err(|e| ProviderError::InvalidRequest(format!("the billing client: {e}")))?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            catalog,
+            instances,
+            operations,
+            credentials,
+            http,
+            billing_endpoint: cfg
+                .billing_endpoint_url
+                .clone()
+                .unwrap_or_else(|| DEFAULT_BILLING_ENDPOINT.to_owned()),
+            refresh: PRICE_REFRESH,
+            offers: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// Catalog rows to offer: the configured zones, and the configured machine types or else
+    /// every type with GPUs.
+    fn rows(&self) -> Vec<&CatalogRow> {
+        let zones = |r: &&CatalogRow| self.cfg.zones.iter().any(|z| **z == *r.zone);
+        if self.cfg.machine_types.is_empty() {
+            return self
+                .catalog
+                .iter()
+                .filter(|r| r.gpu_count > 0)
+                .filter(zones)
+                .collect();
+        }
+        let rows: Vec<&CatalogRow> = self
+            .catalog
+            .iter()
+            .filter(|r| {
+                self.cfg
+                    .machine_types
+                    .iter()
+                    .any(|t| **t == *r.instance_type)
+            })
+            .filter(zones)
+            .collect();
+        for t in &self.cfg.machine_types {
+            for z in &self.cfg.zones {
+                if !rows
+                    .iter()
+                    .any(|r| *r.instance_type == **t && *r.zone == **z)
+                {
+                    tracing::warn!(
+                        machine_type = %t, zone = %z,
+                        "no catalog row for this GCP machine type in this zone; not offered"
+                    );
+                }
+            }
+        }
+        rows
+    }
+
+    async fn fresh_offers(&self) -> (Vec<Offer>, bool) {
+        let rows = self.rows();
+        let prices = match self.gpu_prices().await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(error = %e, "GCP billing catalog unreadable; offering at catalog prices");
+                None
+            }
+        };
+        let mut offers = Vec::with_capacity(rows.len() * 2);
+        let mut live = 0usize;
+        for row in &rows {
+            let ratio = prices.as_ref().and_then(|p| p.spot_ratio(row));
+            if ratio.is_some() {
+                live += 1;
+            }
+            let on_demand = row.price;
+            let spot = match ratio {
+                Some((spot, od)) => Some(on_demand.scale(spot.0, od.0)),
+                None => row.spot_price,
+            };
+            offers.push(offer(row, Market::OnDemand, on_demand, on_demand));
+            if let Some(spot) = spot {
+                offers.push(offer(row, Market::Spot, spot, on_demand));
+            }
+        }
+        if prices.is_some() && live == 0 && !rows.is_empty() {
+            tracing::warn!(
+                "GCP billing catalog priced none of the offered machine types; offering at catalog prices"
+            );
+        }
+        (offers, live > 0)
+    }
+
+    /// GPU SKU prices by (model, region, market), every page of the billing catalog.
+    async fn gpu_prices(&self) -> Result<GpuPrices, String> {
+        let mut url = reqwest::Url::parse(self.billing_endpoint.trim_end_matches('/'))
+            .map_err(|e| format!("billing endpoint {:?}: {e}", self.billing_endpoint))?;
+        url.path_segments_mut()
+            .map_err(|()| format!("billing endpoint {:?}", self.billing_endpoint))?
+            .extend(["v1", "services", COMPUTE_BILLING_SERVICE, "skus"]);
+        let headers = match self.credentials.headers(Default::default()).await {
+            Ok(CacheableResource::New { data, .. }) => data,
+            Ok(CacheableResource::NotModified) => reqwest::header::HeaderMap::new(),
+            Err(e) => return Err(format!("credentials: {e}")),
+        };
+        let mut prices = GpuPrices::default();
+        let mut token = String::new();
+        for _ in 0..MAX_PAGES {
+            let mut page_url = url.clone();
+            {
+                let mut q = page_url.query_pairs_mut();
+                q.append_pair("currencyCode", "USD");
+                q.append_pair("pageSize", BILLING_PAGE_SIZE);
+                if !token.is_empty() {
+                    q.append_pair("pageToken", &token);
+                }
+            }
+            let resp = self
+                .http
+                .get(page_url)
+                .headers(headers.clone())
+                .send()
+                .await
+                .map_err(|e| format!("GET skus: {e}"))?;
+            let status = resp.status();
+            if !status.is_success() {
+                return Err(format!("GET skus: HTTP {status}"));
+            }
+            let page: SkuPage = resp
+                .json()
+                .await
+                .map_err(|e| format!("GET skus: unreadable page: {e}"))?;
+            for sku in &page.skus {
+                prices.add(sku);
+            }
+            if page.next_page_token.is_empty() {
+                return Ok(prices);
+            }
+            token = page.next_page_token;
+        }
+        Err(format!("GET skus: more than {MAX_PAGES} pages"))
+    }
+
+    /// Waits for a zone operation to finish, at most [`MAX_OPERATION_WAITS`] calls. Returns the
+    /// operation as last seen, done or not.
+    async fn wait(&self, zone: &str, mut op: Operation) -> Result<Operation, ProviderError> {
+        for _ in 0..MAX_OPERATION_WAITS {
+            if op.status == Some(operation::Status::Done) {
+                break;
+            }
+            let Some(name) = op.name.clone() else {
+                return Err(ProviderError::Transient(
+                    "GCE returned an operation without a name".into(),
+                ));
+            };
+            op = self
+                .operations
+                .wait()
+                .set_project(&self.cfg.project)
+                .set_zone(zone)
+                .set_operation(name)
+                .send()
+                .await
+                .map_err(|e| sdk_error(&e, None))?;
+        }
+        Ok(op)
+    }
+
+    /// Reads one instance; `asked` as in [`to_instance`].
+    async fn get(
+        &self,
+        zone: &str,
+        name: &str,
+        asked: &BTreeMap<String, String>,
+    ) -> Result<Instance, ProviderError> {
+        let i = self
+            .instances
+            .get()
+            .set_project(&self.cfg.project)
+            .set_zone(zone)
+            .set_instance(name)
+            .send()
+            .await
+            .map_err(|e| sdk_error(&e, None))?;
+        Ok(to_instance(&i, zone, asked))
+    }
+
+    /// The instance to insert for a request.
+    fn instance_for(&self, req: &ProvisionRequest) -> Result<model::Instance, ProviderError> {
+        let o = &req.offer;
+        let zone = &*o.zone;
+        let mut i = model::Instance::default();
+        i.name = Some(instance_name(req.node_id));
+        i.machine_type = Some(format!("zones/{zone}/machineTypes/{}", o.instance_type));
+        i.labels = labels(&req.tags, req.node_id);
+
+        let mut init = AttachedDiskInitializeParams::default();
+        init.source_image = Some(self.cfg.source_image.clone());
+        init.disk_size_gb = Some(i64::from(self.cfg.boot_disk_gb));
+        let mut disk = AttachedDisk::default();
+        disk.boot = Some(true);
+        disk.auto_delete = Some(true);
+        disk.initialize_params = Some(init);
+        i.disks = vec![disk];
+
+        let mut nic = NetworkInterface::default();
+        nic.network = Some(match self.cfg.network.as_deref() {
+            Some(n) if n.contains('/') => n.to_owned(),
+            Some(n) => format!("global/networks/{n}"),
+            None => "global/networks/default".to_owned(),
+        });
+        nic.subnetwork = self.cfg.subnetwork.as_deref().map(|s| {
+            if s.contains('/') {
+                s.to_owned()
+            } else {
+                format!("regions/{}/subnetworks/{s}", o.region)
+            }
+        });
+        let mut nat = AccessConfig::default();
+        nat.name = Some("External NAT".into());
+        nat.r#type = Some(access_config::Type::OneToOneNat);
+        nic.access_configs = vec![nat];
+        i.network_interfaces = vec![nic];
+
+        if let Some(email) = &self.cfg.service_account {
+            let mut sa = ServiceAccount::default();
+            sa.email = Some(email.clone());
+            sa.scopes = vec![CLOUD_PLATFORM_SCOPE.into()];
+            i.service_accounts = vec![sa];
+        }
+        if let Some(script) = &req.user_data {
+            let mut item = model::metadata::Items::default();
+            item.key = Some("startup-script".into());
+            item.value = Some(script.clone());
+            let mut md = Metadata::default();
+            md.items = vec![item];
+            i.metadata = Some(md);
+        }
+
+        let mut s = Scheduling::default();
+        s.on_host_maintenance = Some(scheduling::OnHostMaintenance::Terminate);
+        match o.market {
+            Market::Spot => {
+                s.provisioning_model = Some(scheduling::ProvisioningModel::Spot);
+                s.instance_termination_action = Some(match self.cfg.termination_action {
+                    GcpTerminationAction::Delete => scheduling::InstanceTerminationAction::Delete,
+                    GcpTerminationAction::Stop => scheduling::InstanceTerminationAction::Stop,
+                });
+                s.automatic_restart = Some(false);
+            }
+            Market::OnDemand => {
+                s.provisioning_model = Some(scheduling::ProvisioningModel::Standard);
+                s.automatic_restart = Some(true);
+            }
+        }
+        i.scheduling = Some(s);
+
+        if is_n1(&o.instance_type) && o.gpu_count > 0 {
+            let Some(model) = o.gpu_model else {
+                return Err(ProviderError::InvalidRequest(format!(
+                    "{} needs a GPU model to attach",
+                    o.instance_type
+                )));
+            };
+            let Some(accel) = n1_accelerator(model) else {
+                return Err(ProviderError::InvalidRequest(format!(
+                    "GCE does not attach {} GPUs to N1 machine types",
+                    model.name()
+                )));
+            };
+            let mut a = AcceleratorConfig::default();
+            a.accelerator_type = Some(format!(
+                "projects/{}/zones/{zone}/acceleratorTypes/{accel}",
+                self.cfg.project
+            ));
+            a.accelerator_count = Some(i32::try_from(o.gpu_count).unwrap_or(i32::MAX));
+            i.guest_accelerators = vec![a];
+        }
+        Ok(i)
+    }
+}
+
+#[async_trait]
+impl CloudProvider for GcpProvider {
+    fn cloud(&self) -> Cloud {
+        Cloud::Gcp
+    }
+
+    /// Served from the cache while it is fresh; see the module doc for how prices are read.
+    /// Never fails for want of live prices.
+    async fn list_offers(&self) -> Result<Vec<Offer>, ProviderError> {
+        // Held across the refresh so concurrent callers wait for one billing read.
+        let mut cache = self.offers.lock().await;
+        if let Some(c) = cache.as_ref()
+            && Instant::now() < c.until
+        {
+            return Ok(c.offers.clone());
+        }
+        let (offers, live) = self.fresh_offers().await;
+        let ttl = if live {
+            self.refresh
+        } else {
+            self.refresh.min(FALLBACK_REFRESH)
+        };
+        *cache = Some(CachedOffers {
+            until: Instant::now() + ttl,
+            offers: offers.clone(),
+        });
+        Ok(offers)
+    }
+
+    /// Inserts the instance and waits for GCE to create it. Idempotent by the client token
+    /// (GCE `requestId`) and the node id (the instance name). If the operation is still running
+    /// after the last wait, returns the instance as it is then (pending).
+    async fn provision(&self, req: &ProvisionRequest) -> Result<Instance, ProviderError> {
+        let o = &req.offer;
+        if o.cloud != Cloud::Gcp {
+            return Err(ProviderError::InvalidRequest(format!(
+                "offer {} is not a GCP offer",
+                o.id()
+            )));
+        }
+        let zone = &*o.zone;
+        let name = instance_name(req.node_id);
+        let body = self.instance_for(req)?;
+        let inserted = self
+            .instances
+            .insert()
+            .set_project(&self.cfg.project)
+            .set_zone(zone)
+            .set_request_id(request_id(&req.client_token).to_string())
+            .set_body(body)
+            .send()
+            .await;
+        let op = match inserted {
+            Ok(op) => op,
+            Err(e) if is_already_exists(&e) => {
+                tracing::info!(instance = %name, zone, "GCE instance exists already: an earlier attempt created it");
+                return self.get(zone, &name, &req.tags).await;
+            }
+            Err(e) => return Err(sdk_error(&e, Some(o))),
+        };
+        let op = self.wait(zone, op).await?;
+        if let Some(err) = op_error(&op, Some(o)) {
+            return match err {
+                OpOutcome::AlreadyExists => self.get(zone, &name, &req.tags).await,
+                OpOutcome::Failed(e) => Err(e),
+            };
+        }
+        if op.status == Some(operation::Status::Done) {
+            return self.get(zone, &name, &req.tags).await;
+        }
+        tracing::warn!(instance = %name, zone, "GCE insert still running after the last wait");
+        match self.get(zone, &name, &req.tags).await {
+            // Not visible yet: the same request again (same requestId) picks the insert up.
+            Err(ProviderError::NotFound(m)) => Err(ProviderError::Transient(format!(
+                "GCE is still creating {name}: {m}"
+            ))),
+            other => other,
+        }
+    }
+
+    /// Deletes the instance named by a provider id `zones/{zone}/instances/{name}` and returns
+    /// once GCE has accepted the deletion (the instance shows as stopping until it is gone).
+    /// An instance already gone is success.
+    async fn terminate(&self, provider_id: &str) -> Result<(), ProviderError> {
+        let (zone, name) = parse_provider_id(provider_id).ok_or_else(|| {
+            ProviderError::InvalidRequest(format!(
+                "{provider_id:?} is not a GCE provider id (zones/ZONE/instances/NAME)"
+            ))
+        })?;
+        let deleted = self
+            .instances
+            .delete()
+            .set_project(&self.cfg.project)
+            .set_zone(zone)
+            .set_instance(name)
+            .send()
+            .await;
+        match deleted {
+            Ok(op) => match op_error(&op, None) {
+                Some(OpOutcome::Failed(ProviderError::NotFound(_)))
+                | Some(OpOutcome::AlreadyExists)
+                | None => Ok(()),
+                Some(OpOutcome::Failed(e)) => Err(e),
+            },
+            Err(e) => match sdk_error(&e, None) {
+                ProviderError::NotFound(_) => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Instances in the configured zones whose labels match every tag (keys and values
+    /// sanitized as on insert); tags that were changed by sanitizing are reported as given.
+    async fn list_instances(
+        &self,
+        tags: &BTreeMap<String, String>,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        let filter = label_filter(tags);
+        let mut out = Vec::new();
+        for zone in &self.cfg.zones {
+            let mut token = String::new();
+            let mut pages = 0usize;
+            loop {
+                pages += 1;
+                if pages > MAX_PAGES {
+                    return Err(ProviderError::Transient(format!(
+                        "instances.list in {zone}: more than {MAX_PAGES} pages"
+                    )));
+                }
+                let mut call = self
+                    .instances
+                    .list()
+                    .set_project(&self.cfg.project)
+                    .set_zone(zone);
+                if !filter.is_empty() {
+                    call = call.set_filter(filter.clone());
+                }
+                if !token.is_empty() {
+                    call = call.set_page_token(token.clone());
+                }
+                let page = call.send().await.map_err(|e| sdk_error(&e, None))?;
+                out.extend(page.items.iter().map(|i| to_instance(i, zone, tags)));
+                match page.next_page_token {
+                    Some(t) if !t.is_empty() => token = t,
+                    _ => break,
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Always empty: GCE preemption notices come from the node agents (the metadata server's
+    /// `instance/preempted`), not from a stream this provider could read.
+    async fn drain_interruptions(&self) -> Result<Vec<InterruptionEvent>, ProviderError> {
+        Ok(Vec::new())
+    }
+}
+
+fn offer(row: &CatalogRow, market: Market, price: Micros, on_demand: Micros) -> Offer {
+    Offer {
+        cloud: Cloud::Gcp,
+        region: Arc::clone(&row.region),
+        zone: Arc::clone(&row.zone),
+        instance_type: Arc::clone(&row.instance_type),
+        market,
+        gpu_model: row.gpu_model,
+        gpu_count: row.gpu_count,
+        vcpus: row.vcpus,
+        memory_mib: (row.memory_gib * 1024.0).round() as u64,
+        price,
+        on_demand_price: on_demand,
+        placement_score: row.placement_score,
+        interruption_bucket: row.interruption_bucket.clone(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names, ids and labels
+
+/// The instance name of a node: `spotplane-` and the node id's 32 hex digits (a valid GCE
+/// name: lowercase, starts with a letter, 42 characters).
+pub fn instance_name(node: NodeId) -> String {
+    format!("{NAME_PREFIX}{}", node.0.simple())
+}
+
+/// GCE's `requestId` for a client token: a UUIDv5, the same for the same token in every process.
+pub fn request_id(client_token: &str) -> Uuid {
+    Uuid::new_v5(&REQUEST_ID_NAMESPACE, client_token.as_bytes())
+}
+
+fn provider_id(zone: &str, name: &str) -> String {
+    format!("zones/{zone}/instances/{name}")
+}
+
+fn parse_provider_id(id: &str) -> Option<(&str, &str)> {
+    let rest = id.strip_prefix("zones/")?;
+    let (zone, name) = rest.split_once("/instances/")?;
+    (!zone.is_empty() && !name.is_empty() && !zone.contains('/') && !name.contains('/'))
+        .then_some((zone, name))
+}
+
+/// A tag key as a GCE label key: lowercase ASCII letters, digits, `_` and `-` (anything else
+/// becomes `_`), starting with a letter (else prefixed `k_`), at most 63 characters.
+pub fn label_key(key: &str) -> String {
+    let mut k = label_chars(key);
+    if !k.starts_with(|c: char| c.is_ascii_lowercase()) {
+        k.insert_str(0, "k_");
+    }
+    k.truncate(LABEL_MAX);
+    k
+}
+
+/// A tag value as a GCE label value: the characters of [`label_key`], may be empty, at most 63.
+pub fn label_value(value: &str) -> String {
+    let mut v = label_chars(value);
+    v.truncate(LABEL_MAX);
+    v
+}
+
+fn label_chars(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn labels(tags: &BTreeMap<String, String>, node: NodeId) -> HashMap<String, String> {
+    let mut l: HashMap<String, String> = tags
+        .iter()
+        .map(|(k, v)| (label_key(k), label_value(v)))
+        .collect();
+    l.insert(NODE_ID_LABEL.to_owned(), node.to_string());
+    l
+}
+
+/// `instances.list`'s filter for instances carrying every tag, in label key order; empty for
+/// no tags.
+fn label_filter(tags: &BTreeMap<String, String>) -> String {
+    let labels: BTreeMap<String, String> = tags
+        .iter()
+        .map(|(k, v)| (label_key(k), label_value(v)))
+        .collect();
+    labels
+        .iter()
+        .map(|(k, v)| format!("(labels.{k} = \"{v}\")"))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+fn is_n1(machine_type: &str) -> bool {
+    machine_type.starts_with("n1-")
+}
+
+/// GCE's accelerator type for the GPUs N1 machine types take.
+fn n1_accelerator(model: GpuModel) -> Option<&'static str> {
+    Some(match model {
+        GpuModel::T4 => "nvidia-tesla-t4",
+        GpuModel::V100_16GB => "nvidia-tesla-v100",
+        GpuModel::P100 => "nvidia-tesla-p100",
+        _ => return None,
+    })
+}
+
+/// The last segment of a GCE resource URL (`…/zones/us-central1-a` → `us-central1-a`).
+fn last_segment(s: &str) -> &str {
+    s.rsplit('/').next().unwrap_or(s)
+}
+
+/// An instance as spotplane sees it. `asked` are the tags a listing asked for: labels they
+/// became are reported under the original key and value.
+fn to_instance(i: &model::Instance, zone: &str, asked: &BTreeMap<String, String>) -> Instance {
+    let name = i.name.clone().unwrap_or_default();
+    let zone = i
+        .zone
+        .as_deref()
+        .map(last_segment)
+        .unwrap_or(zone)
+        .to_owned();
+    let mut tags: BTreeMap<String, String> = i
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (k, v) in asked {
+        let (lk, lv) = (label_key(k), label_value(v));
+        if tags.get(&lk) == Some(&lv) {
+            tags.remove(&lk);
+            tags.insert(k.clone(), v.clone());
+        }
+    }
+    let node_id = i
+        .labels
+        .get(NODE_ID_LABEL)
+        .and_then(|v| v.parse::<NodeId>().ok())
+        .or_else(|| {
+            name.strip_prefix(NAME_PREFIX)
+                .and_then(|hex| Uuid::try_parse(hex).ok())
+                .map(NodeId)
+        });
+    let spot = i.scheduling.as_ref().is_some_and(|s| {
+        s.provisioning_model == Some(scheduling::ProvisioningModel::Spot)
+            || s.preemptible == Some(true)
+    });
+    Instance {
+        provider_id: provider_id(&zone, &name),
+        node_id,
+        zone,
+        instance_type: i
+            .machine_type
+            .as_deref()
+            .map(last_segment)
+            .unwrap_or_default()
+            .to_owned(),
+        market: if spot { Market::Spot } else { Market::OnDemand },
+        state: i.status.as_ref().map_or(InstanceState::Pending, state),
+        launched_at: i
+            .creation_timestamp
+            .as_deref()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&Utc)),
+        tags,
+    }
+}
+
+fn state(s: &instance::Status) -> InstanceState {
+    use instance::Status as S;
+    match s {
+        S::Provisioning | S::Staging | S::Pending | S::Repairing => InstanceState::Pending,
+        S::Running => InstanceState::Running,
+        S::Stopping | S::Suspending | S::PendingStop | S::Deprovisioning => InstanceState::Stopping,
+        S::Terminated | S::Stopped | S::Suspended => InstanceState::Stopped,
+        other => {
+            tracing::debug!(status = ?other, "unknown GCE instance status; reading it as pending");
+            InstanceState::Pending
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// A failed GCE operation, as the caller should take it.
+enum OpOutcome {
+    /// The instance exists: an earlier attempt created it.
+    AlreadyExists,
+    Failed(ProviderError),
+}
+
+/// The failure a finished operation reports, if any.
+fn op_error(op: &Operation, offer: Option<&Offer>) -> Option<OpOutcome> {
+    let err = op.error.as_ref().filter(|e| !e.errors.is_empty())?;
+    let codes: Vec<String> = err.errors.iter().filter_map(|e| e.code.clone()).collect();
+    let message = err
+        .errors
+        .iter()
+        .filter_map(|e| e.message.as_deref())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let status = op
+        .http_error_status_code
+        .and_then(|c| u16::try_from(c).ok());
+    if codes.iter().any(|c| norm(c).ends_with("alreadyexists")) {
+        return Some(OpOutcome::AlreadyExists);
+    }
+    Some(OpOutcome::Failed(classify(
+        status, &codes, &message, None, offer,
+    )))
+}
+
+fn is_already_exists(e: &google_cloud_compute_v1::Error) -> bool {
+    e.http_status_code() == Some(409)
+        || reasons(e)
+            .iter()
+            .any(|r| norm(r).ends_with("alreadyexists"))
+}
+
+fn reasons(e: &google_cloud_compute_v1::Error) -> Vec<String> {
+    e.status()
+        .map(|s| {
+            s.details
+                .iter()
+                .filter_map(|d| match d {
+                    StatusDetails::ErrorInfo(info) => Some(info.reason.clone()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// An SDK error as a provider error. `offer` is the offer being bought, for capacity errors.
+fn sdk_error(e: &google_cloud_compute_v1::Error, offer: Option<&Offer>) -> ProviderError {
+    if e.is_authentication() {
+        return ProviderError::Auth(e.to_string());
+    }
+    if e.is_binding() || e.is_serialization() {
+        return ProviderError::InvalidRequest(e.to_string());
+    }
+    let status = e.http_status_code();
+    let codes = reasons(e);
+    if status.is_none() && codes.is_empty() {
+        // Timeouts, refused connections, unreadable answers.
+        return ProviderError::Transient(e.to_string());
+    }
+    let message = e
+        .status()
+        .map(|s| s.message.clone())
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| e.to_string());
+    let retry_after = e
+        .http_headers()
+        .and_then(|h| h.get(reqwest::header::RETRY_AFTER))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    classify(status, &codes, &message, retry_after, offer)
+}
+
+/// GCE's error codes come as `QUOTA_EXCEEDED` (operations) and `quotaExceeded` (HTTP errors):
+/// compared without case and underscores.
+fn norm(code: &str) -> String {
+    code.chars()
+        .filter(|c| *c != '_')
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+/// The one place GCE failures become [`ProviderError`]s: error codes first (a quota error is a
+/// 403 that is not about credentials), then the HTTP status.
+fn classify(
+    status: Option<u16>,
+    codes: &[String],
+    message: &str,
+    retry_after: Option<Duration>,
+    offer: Option<&Offer>,
+) -> ProviderError {
+    let detail = if codes.is_empty() {
+        message.to_owned()
+    } else {
+        format!("{message} ({})", codes.join(", "))
+    };
+    let codes: Vec<String> = codes.iter().map(|c| norm(c)).collect();
+    let has = |pred: &dyn Fn(&str) -> bool| codes.iter().any(|c| pred(c));
+    // A stockout is named by its code; the message is read too because GCE has reported
+    // stockouts under other codes with this text, and treating one as a bad request would stop
+    // the planner from trying the next offer.
+    let stockout = has(&|c| c.starts_with("zoneresourcepoolexhausted") || c == "stockout")
+        || message.contains("does not have enough resources");
+    if stockout {
+        return match offer {
+            Some(o) => ProviderError::InsufficientCapacity {
+                offer_id: o.id(),
+                message: detail,
+            },
+            None => ProviderError::Transient(detail),
+        };
+    }
+    if has(&|c| c.contains("quotaexceeded")) {
+        return ProviderError::Quota(detail);
+    }
+    if status == Some(429)
+        || has(&|c| c.contains("ratelimitexceeded") || c.ends_with("rateexceeded"))
+    {
+        return ProviderError::Throttled {
+            retry_after: retry_after.unwrap_or(DEFAULT_RETRY_AFTER),
+        };
+    }
+    if has(&|c| c.ends_with("notready")) {
+        return ProviderError::Transient(detail);
+    }
+    match status {
+        Some(401 | 403) => ProviderError::Auth(detail),
+        Some(404) => ProviderError::NotFound(detail),
+        Some(408) => ProviderError::Transient(detail),
+        Some(s) if (400..500).contains(&s) => ProviderError::InvalidRequest(detail),
+        Some(_) => ProviderError::Transient(detail),
+        None if has(&|c| c.ends_with("notfound")) => ProviderError::NotFound(detail),
+        None => ProviderError::Transient(detail),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cloud Billing Catalog
+
+/// One page of `services/{service}/skus`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct SkuPage {
+    skus: Vec<Sku>,
+    next_page_token: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct Sku {
+    description: String,
+    category: SkuCategory,
+    service_regions: Vec<String>,
+    pricing_info: Vec<PricingInfo>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct SkuCategory {
+    resource_family: String,
+    resource_group: String,
+    usage_type: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct PricingInfo {
+    pricing_expression: PricingExpression,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct PricingExpression {
+    usage_unit: String,
+    tiered_rates: Vec<TierRate>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct TierRate {
+    start_usage_amount: f64,
+    unit_price: Money,
+}
+
+/// `google.type.Money`: `units` is an int64, which JSON carries as a string.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct Money {
+    currency_code: String,
+    units: serde_json::Value,
+    nanos: i64,
+}
+
+impl Money {
+    fn micros(&self) -> Option<Micros> {
+        if !self.currency_code.is_empty() && self.currency_code != "USD" {
+            return None;
+        }
+        let units = match &self.units {
+            serde_json::Value::String(s) => s.parse::<i64>().ok()?,
+            serde_json::Value::Number(n) => n.as_i64()?,
+            serde_json::Value::Null => 0,
+            _ => return None,
+        };
+        let micros = units
+            .checked_mul(1_000_000)?
+            .checked_add((self.nanos + 500) / 1000)?;
+        Some(Micros(micros))
+    }
+}
+
+/// Hourly GPU prices from the billing catalog, by GPU model, region and market.
+#[derive(Debug, Default)]
+struct GpuPrices(HashMap<(GpuModel, String, Market), Micros>);
+
+impl GpuPrices {
+    fn add(&mut self, sku: &Sku) {
+        let c = &sku.category;
+        if c.resource_family != "Compute" || c.resource_group != "GPU" {
+            return;
+        }
+        let market = match c.usage_type.as_str() {
+            "OnDemand" => Market::OnDemand,
+            "Preemptible" => Market::Spot,
+            _ => return, // commitments
+        };
+        let Some(model) = sku_gpu_model(&sku.description) else {
+            return;
+        };
+        // The last entry is the current price: the timeline is in chronological order.
+        let Some(expr) = sku.pricing_info.last().map(|p| &p.pricing_expression) else {
+            return;
+        };
+        if expr.usage_unit != "h" {
+            return;
+        }
+        let Some(price) = expr
+            .tiered_rates
+            .iter()
+            .filter(|r| r.start_usage_amount <= 0.0)
+            .find_map(|r| r.unit_price.micros())
+            .filter(|p| p.0 > 0)
+        else {
+            return;
+        };
+        for region in &sku.service_regions {
+            self.0
+                .entry((model, region.clone(), market))
+                .and_modify(|p| *p = (*p).min(price))
+                .or_insert(price);
+        }
+    }
+
+    /// The spot and on-demand prices of a row's GPU in its region, when both are known and
+    /// spot is the cheaper.
+    fn spot_ratio(&self, row: &CatalogRow) -> Option<(Micros, Micros)> {
+        let model = row.gpu_model?;
+        let region = row.region.to_string();
+        let spot = *self.0.get(&(model, region.clone(), Market::Spot))?;
+        let od = *self.0.get(&(model, region, Market::OnDemand))?;
+        (spot.0 > 0 && spot <= od).then_some((spot, od))
+    }
+}
+
+/// GPU SKU descriptions (without the `Spot Preemptible ` prefix and the ` running in …` suffix)
+/// and the models they price. A model missing here is priced from the catalog.
+const GPU_SKUS: &[(&str, GpuModel)] = &[
+    ("nvidia tesla t4 gpu", GpuModel::T4),
+    ("nvidia tesla v100 gpu", GpuModel::V100_16GB),
+    ("nvidia tesla p100 gpu", GpuModel::P100),
+    ("nvidia tesla a100 gpu", GpuModel::A100_40GB),
+    ("nvidia tesla a100 80gb gpu", GpuModel::A100_80GB),
+    ("nvidia l4 gpu", GpuModel::L4),
+    ("nvidia h100 80gb gpu", GpuModel::H100_80GB),
+    ("nvidia h200 141gb gpu", GpuModel::H200_141GB),
+    ("nvidia b200 gpu", GpuModel::B200_180GB),
+];
+
+/// The GPU model a GPU SKU's description names, e.g. `Spot Preemptible Nvidia Tesla A100 80GB
+/// GPU running in Americas` → A100-80GB. Exact names only: `… Virtual Workstation GPU` and
+/// other variants are not the plain GPU's price.
+fn sku_gpu_model(description: &str) -> Option<GpuModel> {
+    let d = description.trim().to_ascii_lowercase();
+    let d = d.split(" running in ").next().unwrap_or(&d);
+    let d = d
+        .strip_prefix("spot preemptible ")
+        .or_else(|| d.strip_prefix("preemptible "))
+        .unwrap_or(d)
+        .trim();
+    GPU_SKUS.iter().find(|(n, _)| *n == d).map(|(_, m)| *m)
+}
