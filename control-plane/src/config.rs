@@ -23,6 +23,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub database: DatabaseConfig,
     pub scheduler: SchedulerSettings,
+    pub capacity: CapacityConfig,
     pub object_store: ObjectStoreConfig,
     pub log: LogConfig,
     pub dev: DevConfig,
@@ -103,6 +104,41 @@ pub struct SchedulerSettings {
     pub candidates: usize,
     pub preemption: bool,
     pub dynamic_mig: bool,
+}
+
+/// The capacity loop: buying and releasing nodes (`reconcile::capacity`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityConfig {
+    pub enabled: bool,
+    /// The `spotplane-cluster` tag value of this control plane's instances.
+    pub cluster: String,
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub price_refresh: Duration,
+    #[serde(with = "humantime_serde")]
+    pub idle_grace: Duration,
+    #[serde(with = "humantime_serde")]
+    pub boot_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub orphan_grace: Duration,
+}
+
+impl CapacityConfig {
+    /// The loop's settings.
+    pub fn settings(&self) -> crate::reconcile::capacity::CapacitySettings {
+        let d = |v: Duration| chrono::Duration::from_std(v).unwrap_or(chrono::Duration::MAX);
+        let mut s = crate::reconcile::capacity::CapacitySettings {
+            cluster: self.cluster.clone(),
+            price_refresh: d(self.price_refresh),
+            orphan_grace: d(self.orphan_grace),
+            ..Default::default()
+        };
+        s.planner.idle_grace = d(self.idle_grace);
+        s.planner.boot_timeout = d(self.boot_timeout);
+        s
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -230,6 +266,21 @@ impl Config {
         }
         if !(1024..=64 * 1024 * 1024).contains(&self.server.max_body_bytes) {
             errs.push("server.max_body_bytes", "must be between 1024 and 67108864");
+        }
+        if self.capacity.cluster.trim().is_empty()
+            || !self
+                .capacity
+                .cluster
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        {
+            errs.push(
+                "capacity.cluster",
+                "lowercase letters, digits and '-' only (it is a tag and a GCE label value)",
+            );
+        }
+        if self.capacity.interval < Duration::from_secs(1) {
+            errs.push("capacity.interval", "must be at least 1s");
         }
         if self.server.request_timeout < Duration::from_millis(100) {
             errs.push("server.request_timeout", "must be at least 100ms");

@@ -139,6 +139,9 @@ pub struct Node {
     pub state: NodeState,
     pub state_reason: Option<String>,
     pub provider_instance_id: Option<String>,
+    /// The offer it was bought from (`cloud/region/zone/type/market`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offer_id: Option<String>,
     /// The price in force, US dollars per hour.
     pub hourly_price_usd: f64,
     /// The on-demand price of the same capacity, US dollars per hour.

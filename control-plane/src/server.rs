@@ -13,6 +13,7 @@ use crate::api::{self, AppState};
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::reconcile::capacity::CapacityLoop;
 use crate::reconcile::scheduling::SchedulerLoop;
 use crate::simfront;
 use crate::store::{Bootstrap, Store};
@@ -99,7 +100,17 @@ impl Server {
                 .await
         });
         if config.scheduler.enabled {
-            let scheduling = SchedulerLoop::new(store, clock, config.scheduler.clone());
+            let mut scheduling =
+                SchedulerLoop::new(store.clone(), clock.clone(), config.scheduler.clone());
+            if config.capacity.enabled {
+                let capacity = CapacityLoop::new(
+                    store,
+                    Arc::clone(&providers),
+                    clock,
+                    config.capacity.settings(),
+                );
+                scheduling = scheduling.with_capacity(capacity, config.capacity.interval);
+            }
             tokio::spawn(scheduling.run(cancel.clone()));
         }
         state.set_ready(true);

@@ -233,6 +233,10 @@ pub struct JobSpec {
     /// When the job must have finished; the planner falls back to on-demand capacity to keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DateTime<Utc>>,
+    /// Compute the job needs, in hours, when known. With a deadline, it lets the planner see
+    /// when the slack runs out and move the job to on-demand capacity in time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_hours: Option<f64>,
     /// The most the whole gang may cost per hour, in US dollars.
     #[serde(default, with = "usd_opt", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, example = 12.5))]
@@ -286,6 +290,7 @@ impl JobSpec {
             env: BTreeMap::new(),
             checkpoint: None,
             deadline: None,
+            work_hours: None,
             max_hourly_usd: None,
             spot: true,
             clouds: Vec::new(),
@@ -403,6 +408,11 @@ impl JobSpec {
                 "deadline",
                 format!("must lie in the future, got {}", d.to_rfc3339()),
             );
+        }
+        if let Some(w) = self.work_hours
+            && !(w > 0.0 && w <= 100_000.0)
+        {
+            errs.push("work_hours", "must be more than 0 and at most 100000");
         }
         if let Some(p) = self.max_hourly_usd
             && (p.0 <= 0 || p > Micros::from_dollars(100_000))

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::SchedulerSettings;
+use crate::reconcile::capacity::CapacityLoop;
 use crate::scheduler::policies::{self, typical_from_shapes};
 use crate::scheduler::{SchedulerConfig, schedule};
 use crate::store::{SpecCache, Store, StoreError};
@@ -34,6 +35,8 @@ pub struct SchedulerLoop {
     clock: SharedClock,
     settings: SchedulerSettings,
     cache: SpecCache,
+    /// The capacity loop, run by the same leader after a scheduling cycle, at its own pace.
+    capacity: Option<(CapacityLoop, Duration, Option<tokio::time::Instant>)>,
 }
 
 impl SchedulerLoop {
@@ -43,7 +46,14 @@ impl SchedulerLoop {
             clock,
             settings,
             cache: SpecCache::default(),
+            capacity: None,
         }
+    }
+
+    /// Also runs `capacity` every `interval`, after the scheduling cycle that falls due.
+    pub fn with_capacity(mut self, capacity: CapacityLoop, interval: Duration) -> Self {
+        self.capacity = Some((capacity, interval, None));
+        self
     }
 
     /// One cycle.
@@ -162,6 +172,20 @@ impl SchedulerLoop {
                 Err(e) => {
                     tracing::warn!(error = %e, "scheduling cycle failed; retrying next tick");
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            if let Some((capacity, interval, last)) = &mut self.capacity
+                && last.is_none_or(|t| t.elapsed() >= *interval)
+            {
+                *last = Some(tokio::time::Instant::now());
+                match capacity.run_once().await {
+                    Ok(r) if r.bought + r.released + r.vanished + r.orphans + r.ready > 0 => {
+                        tracing::info!(?r, "capacity round")
+                    }
+                    Ok(r) => tracing::debug!(?r, "capacity round"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "capacity round failed; retrying next time")
+                    }
                 }
             }
         }

@@ -76,6 +76,7 @@ fn node_from_row(row: node::Model, gpus: Vec<Gpu>) -> Result<Node, StoreError> {
         instance_type: row.instance_type,
         state_reason: row.state_reason,
         provider_instance_id: row.provider_instance_id,
+        offer_id: row.offer_id,
         notice_deadline: row.notice_deadline,
         created_at: row.created_at,
         ready_at: row.ready_at,
@@ -225,6 +226,34 @@ impl Store {
                     node_from_row(r, g)
                 })
                 .collect()
+        })
+        .await
+    }
+
+    /// Records the cloud's id of a node's instance once the cloud has accepted the request.
+    pub async fn set_node_instance(
+        &self,
+        id: NodeId,
+        provider_instance_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.measured("set_node_instance", || async {
+            let res = node::Entity::update_many()
+                .col_expr(
+                    node::Column::ProviderInstanceId,
+                    sea_orm::sea_query::Expr::value(Some(provider_instance_id.to_owned())),
+                )
+                .col_expr(
+                    node::Column::UpdatedAt,
+                    sea_orm::sea_query::Expr::value(now),
+                )
+                .filter(node::Column::Id.eq(id.to_string()))
+                .exec(&self.write)
+                .await?;
+            if res.rows_affected == 0 {
+                return Err(StoreError::NotFound(format!("node {id}")));
+            }
+            Ok(())
         })
         .await
     }

@@ -40,6 +40,11 @@ impl SpecCache {
     pub fn is_empty(&self) -> bool {
         self.specs.is_empty()
     }
+
+    /// The spec of a job the last snapshot saw.
+    pub fn get(&self, id: JobId) -> Option<&JobSpec> {
+        self.specs.get(&id.to_string()).map(|(_, s)| s)
+    }
 }
 
 /// (id, state, priority, updated_at, state_reason) of a job the scheduler looks at.

@@ -1,0 +1,572 @@
+//! The capacity loop: prices in, nodes bought and given back, the store and the clouds kept in
+//! step. Each round:
+//!
+//! 1. **Price poller** — every `price_refresh`, each provider's offers (a provider that fails
+//!    keeps its last ones) are recorded in the store.
+//! 2. **Planner** — the queued jobs the scheduler could not place for want of capacity, the
+//!    fleet and its use go to the pure [`planner::plan`].
+//! 3. **Provisioner** — each buy is a node row (`requested`, idempotency token = the node id)
+//!    and one `provision` call per node, walking the buy's fallback chain on typed errors:
+//!    insufficient capacity sets the offer aside for `capacity_error_ttl` and tries the next;
+//!    price-too-low does the same; quota or auth stops buying on that cloud this round;
+//!    throttling and transient errors leave the rest for the next round.
+//! 4. **Releases** — idle nodes and nodes that never booted are terminated (the latter's offer
+//!    set aside for `boot_failure_ttl`).
+//! 5. **Sync and orphan sweeper** — each provider's instances carrying the cluster tag: a node
+//!    whose instance is gone is marked terminated (a spot node gone unasked counts as an
+//!    interruption of its pool); an instance no node row knows, older than `orphan_grace`, is
+//!    terminated. Simulated nodes have no agent of their own: they count as ready once
+//!    running (`ready_on_running`).
+//!
+//! Pool statistics (node-hours and interruptions per pool) and the set-aside offers live in the
+//! loop, between rounds; the planner gets them as plain values.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use spotplane_core::{Market, NodeId, NodeState};
+use spotplane_providers::registry::Providers;
+use spotplane_providers::{
+    CloudProvider, InstanceState, Offer, ProviderError, ProvisionRequest, tags,
+};
+
+use crate::clock::SharedClock;
+use crate::planner::{
+    self, Budget, Demand, FleetNode, FleetPhase, PlanInput, PlannerSettings, PoolStats,
+    ReleaseReason, Unavailable,
+};
+use crate::scheduler::snapshot::{Assigned, WaitReason};
+use crate::store::{NewGpu, NewNode, wait_text};
+use crate::store::{SpecCache, Store, StoreError};
+
+/// How long a node that just became ready counts as arriving capacity.
+const JUST_READY: Duration = Duration::minutes(1);
+
+/// How the capacity loop behaves.
+#[derive(Debug, Clone)]
+pub struct CapacitySettings {
+    /// Tag value every instance of this control plane carries (`spotplane-cluster`).
+    pub cluster: String,
+    pub price_refresh: Duration,
+    /// How long an offer that failed for capacity or price is set aside.
+    pub capacity_error_ttl: Duration,
+    /// How long the offer of a node that never booted is set aside.
+    pub boot_failure_ttl: Duration,
+    /// An instance with the cluster tag that no node knows is terminated after this long.
+    pub orphan_grace: Duration,
+    /// Simulated clouds' nodes run no agent: they count as ready once running.
+    pub ready_on_running: bool,
+    pub planner: PlannerSettings,
+}
+
+impl Default for CapacitySettings {
+    fn default() -> Self {
+        CapacitySettings {
+            cluster: "spotplane".into(),
+            price_refresh: Duration::minutes(5),
+            capacity_error_ttl: Duration::minutes(3),
+            boot_failure_ttl: Duration::minutes(10),
+            orphan_grace: Duration::minutes(10),
+            ready_on_running: true,
+            planner: PlannerSettings::default(),
+        }
+    }
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CapacityReport {
+    pub offers: usize,
+    pub demand: usize,
+    pub bought: usize,
+    /// Provisioning failures by kind.
+    pub refused: BTreeMap<&'static str, u64>,
+    pub released: usize,
+    pub ready: usize,
+    /// Nodes whose instance the cloud took or lost.
+    pub vanished: usize,
+    pub orphans: usize,
+}
+
+pub struct CapacityLoop {
+    store: Store,
+    providers: Arc<Providers>,
+    clock: SharedClock,
+    settings: CapacitySettings,
+    cache: SpecCache,
+    offers: BTreeMap<usize, Vec<Offer>>,
+    polled_at: Option<DateTime<Utc>>,
+    pools: PoolStats,
+    unavailable: Unavailable,
+    idle_since: HashMap<NodeId, DateTime<Utc>>,
+    last_round: Option<DateTime<Utc>>,
+    budgets: BTreeMap<spotplane_core::TeamName, Budget>,
+}
+
+impl CapacityLoop {
+    pub fn new(
+        store: Store,
+        providers: Arc<Providers>,
+        clock: SharedClock,
+        settings: CapacitySettings,
+    ) -> Self {
+        CapacityLoop {
+            store,
+            providers,
+            clock,
+            settings,
+            cache: SpecCache::default(),
+            offers: BTreeMap::new(),
+            polled_at: None,
+            pools: PoolStats::default(),
+            unavailable: Unavailable::default(),
+            idle_since: HashMap::new(),
+            last_round: None,
+            budgets: BTreeMap::new(),
+        }
+    }
+
+    /// Team budgets the planner must keep (hourly and monthly limits, spend so far).
+    pub fn set_budgets(&mut self, budgets: BTreeMap<spotplane_core::TeamName, Budget>) {
+        self.budgets = budgets;
+    }
+
+    /// The pools' observed statistics.
+    pub fn pools(&self) -> &PoolStats {
+        &self.pools
+    }
+
+    fn provider_for(&self, offer: &Offer) -> Option<(usize, &Arc<dyn CloudProvider>)> {
+        self.providers
+            .all
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.cloud() == offer.cloud)
+    }
+
+    /// One round.
+    pub async fn run_once(&mut self) -> Result<CapacityReport, StoreError> {
+        let now = self.clock.now();
+        let mut report = CapacityReport::default();
+        self.unavailable.expire(now);
+        self.poll(now).await?;
+        let offers: Vec<Offer> = self.offers.values().flatten().cloned().collect();
+        report.offers = offers.len();
+
+        self.sync(now, &mut report).await?;
+
+        let snap = self.store.scheduler_snapshot(&mut self.cache).await?;
+        let reasons = self.store.queued_reasons().await?;
+        let no_capacity = wait_text(WaitReason::NoCapacity);
+        let demand: Vec<Demand> = snap
+            .queued
+            .iter()
+            .filter(|q| {
+                reasons
+                    .get(&q.id)
+                    .is_some_and(|r| r.as_deref() == Some(no_capacity))
+            })
+            .map(|q| {
+                let spec = self.cache.get(q.id);
+                Demand {
+                    job: q.id,
+                    team: q.team.clone(),
+                    priority: q.priority,
+                    replicas: q.replicas,
+                    shape: q.shape.clone(),
+                    clouds: q.clouds.clone(),
+                    regions: q.regions.clone(),
+                    spot: q.spot,
+                    max_hourly: spec.and_then(|s| s.max_hourly_usd),
+                    deadline: spec.and_then(|s| s.deadline),
+                    remaining_hours: spec.and_then(|s| s.work_hours),
+                    checkpoint_hours: spec
+                        .and_then(|s| s.checkpoint.as_ref())
+                        .map(|c| f64::from(c.interval_s) / 3600.0),
+                    restart_hours: None,
+                }
+            })
+            .collect();
+        report.demand = demand.len();
+
+        // GPUs in use per node, from the placements of the jobs holding capacity.
+        let mut used: HashMap<NodeId, std::collections::HashSet<u32>> = HashMap::new();
+        for r in &snap.running {
+            for p in &r.placements {
+                let gpus = used.entry(p.node).or_default();
+                match &p.assigned {
+                    Assigned::CpuOnly => {}
+                    Assigned::Whole(g) => gpus.extend(g.iter().copied()),
+                    Assigned::Share { gpu, .. } | Assigned::Mig { gpu, .. } => {
+                        gpus.insert(*gpu);
+                    }
+                }
+            }
+        }
+        let hours = self.last_round.map_or(0.0, |t| {
+            (now - t).num_milliseconds().max(0) as f64 / 3_600_000.0
+        });
+        self.last_round = Some(now);
+        let nodes = self
+            .store
+            .list_nodes(&[
+                NodeState::Requested,
+                NodeState::Booting,
+                NodeState::Ready,
+                NodeState::Draining,
+                NodeState::Terminating,
+            ])
+            .await?;
+        let mut fleet = Vec::with_capacity(nodes.len());
+        for n in &nodes {
+            let gpu_count = u32::try_from(n.gpus.len()).unwrap_or(u32::MAX);
+            let in_use = used.get(&n.id).map_or(0, |g| g.len());
+            let free = gpu_count.saturating_sub(u32::try_from(in_use).unwrap_or(u32::MAX));
+            let phase = match n.state {
+                NodeState::Requested | NodeState::Booting => FleetPhase::Booting {
+                    since: n.created_at,
+                },
+                // Ready so recently that the scheduler has not placed anything on it yet: still
+                // arriving capacity, so the demand it came for is not bought twice.
+                NodeState::Ready
+                    if n.ready_at.is_some_and(|t| now - t < JUST_READY) && in_use == 0 =>
+                {
+                    FleetPhase::Booting {
+                        since: n.ready_at.unwrap_or(now),
+                    }
+                }
+                NodeState::Ready => FleetPhase::Ready,
+                _ => FleetPhase::Leaving,
+            };
+            let idle = phase == FleetPhase::Ready && in_use == 0 && !used.contains_key(&n.id);
+            let idle_since = if idle {
+                Some(*self.idle_since.entry(n.id).or_insert(now))
+            } else {
+                self.idle_since.remove(&n.id);
+                None
+            };
+            if phase == FleetPhase::Ready
+                && n.market == Market::Spot
+                && let Some(o) = &n.offer_id
+            {
+                self.pools.exposed(o, hours);
+            }
+            fleet.push(FleetNode {
+                id: n.id,
+                offer_id: n.offer_id.clone().unwrap_or_default(),
+                cloud: n.cloud,
+                zone: n.zone.clone(),
+                market: n.market,
+                price: spotplane_core::Micros::from_usd_f64(n.hourly_price_usd).unwrap_or_default(),
+                team: n.labels.get(tags::TEAM).and_then(|t| t.parse().ok()),
+                phase,
+                free_gpus: free,
+                gpu_count,
+                idle_since,
+            });
+        }
+
+        let input = PlanInput {
+            offers,
+            demand,
+            fleet,
+            pools: self.pools.clone(),
+            unavailable: self.unavailable.clone(),
+            budgets: self.budgets.clone(),
+        };
+        let plan = planner::plan(now, &input, &self.settings.planner);
+
+        let mut stopped_clouds = Vec::new();
+        for buy in &plan.buys {
+            for _ in 0..buy.count {
+                if stopped_clouds.contains(&buy.offer.cloud) {
+                    break;
+                }
+                match self.buy_one(buy, now).await? {
+                    Ok(()) => report.bought += 1,
+                    Err(e) => {
+                        *report.refused.entry(e.kind()).or_default() += 1;
+                        if matches!(
+                            e,
+                            ProviderError::Quota(_)
+                                | ProviderError::Auth(_)
+                                | ProviderError::Throttled { .. }
+                                | ProviderError::Transient(_)
+                        ) {
+                            stopped_clouds.push(buy.offer.cloud);
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+
+        for r in &plan.releases {
+            let Some(node) = nodes.iter().find(|n| n.id == r.node) else {
+                continue;
+            };
+            if r.reason == ReleaseReason::BootTimeout
+                && let Some(o) = &node.offer_id
+            {
+                self.unavailable
+                    .mark(o, now, self.settings.boot_failure_ttl);
+            }
+            let reason = match r.reason {
+                ReleaseReason::Idle => "idle",
+                ReleaseReason::BootTimeout => "never became ready",
+            };
+            if self.release(node, reason, now).await? {
+                self.idle_since.remove(&node.id);
+                report.released += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    async fn poll(&mut self, now: DateTime<Utc>) -> Result<(), StoreError> {
+        if self
+            .polled_at
+            .is_some_and(|t| now - t < self.settings.price_refresh)
+        {
+            return Ok(());
+        }
+        self.polled_at = Some(now);
+        for (i, p) in self.providers.all.iter().enumerate() {
+            match p.list_offers().await {
+                Ok(offers) => {
+                    self.store.upsert_offers(&offers, now).await?;
+                    self.offers.insert(i, offers);
+                }
+                Err(e) => {
+                    tracing::warn!(cloud = %p.cloud(), error = %e, "offers unavailable; keeping the last ones");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Buys one node for `buy`, walking its fallbacks on capacity and price errors. The outer
+    /// error is the store's; the inner one the last provider error.
+    async fn buy_one(
+        &mut self,
+        buy: &planner::Buy,
+        now: DateTime<Utc>,
+    ) -> Result<Result<(), ProviderError>, StoreError> {
+        let mut last = ProviderError::InsufficientCapacity {
+            offer_id: buy.offer.id(),
+            message: "no offer left".into(),
+        };
+        for offer in std::iter::once(&buy.offer).chain(buy.fallbacks.iter()) {
+            if self.unavailable.contains(&offer.id(), now) {
+                continue;
+            }
+            let Some((_, provider)) = self.provider_for(offer) else {
+                continue;
+            };
+            let provider = Arc::clone(provider);
+            let node_id = NodeId::from_uuid(uuid::Uuid::now_v7());
+            let mut labels = BTreeMap::from([
+                (tags::CLUSTER.to_owned(), self.settings.cluster.clone()),
+                (tags::NODE_ID.to_owned(), node_id.to_string()),
+                (tags::TEAM.to_owned(), buy.team.to_string()),
+            ]);
+            let node = NewNode {
+                id: node_id,
+                name: format!("spotplane-{}", node_id.as_uuid().simple()),
+                cloud: offer.cloud,
+                region: offer.region.to_string(),
+                zone: offer.zone.to_string(),
+                instance_type: offer.instance_type.to_string(),
+                market: offer.market,
+                offer_id: Some(offer.id()),
+                client_token: format!("spotplane-{node_id}"),
+                hourly_price: offer.price,
+                on_demand_price: offer.on_demand_price,
+                cpu_milli: u64::from(offer.vcpus) * 1000,
+                memory_mib: offer.memory_mib,
+                gpus: (0..offer.gpu_count)
+                    .filter_map(|_| {
+                        offer.gpu_model.map(|m| NewGpu {
+                            model: m,
+                            memory_mib: u64::from(m.memory_mib().unwrap_or(0)),
+                            mig_enabled: false,
+                            mig_layout: Default::default(),
+                        })
+                    })
+                    .collect(),
+                labels: labels.clone(),
+            };
+            let client_token = node.client_token.clone();
+            self.store.create_node(node, now).await?;
+            labels.insert("spotplane-job".into(), buy.job.to_string());
+            let req = ProvisionRequest {
+                node_id,
+                offer: offer.clone(),
+                client_token,
+                tags: labels,
+                user_data: None,
+            };
+            match provider.provision(&req).await {
+                Ok(inst) => {
+                    self.store
+                        .set_node_instance(node_id, &inst.provider_id, now)
+                        .await?;
+                    self.store
+                        .transition_node(node_id, NodeState::Booting, None, now)
+                        .await?;
+                    return Ok(Ok(()));
+                }
+                Err(e) => {
+                    self.store
+                        .transition_node(
+                            node_id,
+                            NodeState::Terminated,
+                            Some(format!("not bought: {e}")),
+                            now,
+                        )
+                        .await?;
+                    match &e {
+                        ProviderError::InsufficientCapacity { .. }
+                        | ProviderError::PriceTooLow(_) => {
+                            tracing::info!(offer = %offer.id(), error = %e, "offer set aside; trying the next");
+                            self.unavailable.mark(
+                                &offer.id(),
+                                now,
+                                self.settings.capacity_error_ttl,
+                            );
+                            last = e;
+                        }
+                        _ => return Ok(Err(e)),
+                    }
+                }
+            }
+        }
+        Ok(Err(last))
+    }
+
+    /// Terminates a node's instance and records it; whether it was given back.
+    async fn release(
+        &self,
+        node: &crate::model::Node,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let provider = self.providers.all.iter().find(|p| p.cloud() == node.cloud);
+        if let (Some(p), Some(id)) = (provider, &node.provider_instance_id)
+            && let Err(e) = p.terminate(id).await
+        {
+            tracing::warn!(node = %node.id, error = %e, "terminate failed; trying again next round");
+            return Ok(false);
+        }
+        self.store
+            .transition_node(node.id, NodeState::Terminated, Some(reason.to_owned()), now)
+            .await?;
+        Ok(true)
+    }
+
+    /// Brings the store in step with what the clouds say, and sweeps orphans.
+    async fn sync(
+        &mut self,
+        now: DateTime<Utc>,
+        report: &mut CapacityReport,
+    ) -> Result<(), StoreError> {
+        let nodes = self
+            .store
+            .list_nodes(&[
+                NodeState::Requested,
+                NodeState::Booting,
+                NodeState::Ready,
+                NodeState::Draining,
+                NodeState::Terminating,
+            ])
+            .await?;
+        let by_cluster =
+            BTreeMap::from([(tags::CLUSTER.to_owned(), self.settings.cluster.clone())]);
+        let providers: Vec<Arc<dyn CloudProvider>> = self.providers.all.clone();
+        for p in providers {
+            let cloud = p.cloud();
+            let instances = match p.list_instances(&by_cluster).await {
+                Ok(i) => i,
+                Err(e) => {
+                    tracing::warn!(%cloud, error = %e, "listing instances failed; no sync this round");
+                    continue;
+                }
+            };
+            let by_id: HashMap<&str, &spotplane_providers::Instance> = instances
+                .iter()
+                .map(|i| (i.provider_id.as_str(), i))
+                .collect();
+            for n in nodes.iter().filter(|n| n.cloud == cloud) {
+                let Some(pid) = &n.provider_instance_id else {
+                    continue;
+                };
+                let state = by_id.get(pid.as_str()).map(|i| i.state);
+                match state {
+                    Some(InstanceState::Running)
+                        if self.settings.ready_on_running
+                            && matches!(n.state, NodeState::Booting | NodeState::Requested)
+                            && self.providers.sim(cloud).is_some() =>
+                    {
+                        self.store
+                            .transition_node(n.id, NodeState::Ready, None, now)
+                            .await?;
+                        report.ready += 1;
+                    }
+                    // (A new instance may not be listed yet: clouds are eventually consistent.)
+                    None if now - n.created_at < Duration::minutes(2) => {}
+                    None
+                    | Some(
+                        InstanceState::Terminated
+                        | InstanceState::Terminating
+                        | InstanceState::Stopped,
+                    ) => {
+                        // Gone without being asked: the cloud took it.
+                        if n.market == Market::Spot
+                            && let Some(o) = &n.offer_id
+                        {
+                            self.pools.interrupted(o);
+                            self.unavailable
+                                .mark(o, now, self.settings.capacity_error_ttl);
+                        }
+                        self.store
+                            .transition_node(
+                                n.id,
+                                NodeState::Terminated,
+                                Some("the cloud took the instance".into()),
+                                now,
+                            )
+                            .await?;
+                        report.vanished += 1;
+                    }
+                    _ => {}
+                }
+            }
+            // Orphans: tagged instances no live node row knows.
+            for i in &instances {
+                let known = nodes
+                    .iter()
+                    .any(|n| n.provider_instance_id.as_deref() == Some(i.provider_id.as_str()));
+                let gone = matches!(
+                    i.state,
+                    InstanceState::Terminated | InstanceState::Terminating
+                );
+                let old = i
+                    .launched_at
+                    .is_some_and(|t| now - t > self.settings.orphan_grace);
+                if !known && !gone && old {
+                    match p.terminate(&i.provider_id).await {
+                        Ok(()) => {
+                            tracing::info!(%cloud, instance = %i.provider_id, "orphan terminated");
+                            report.orphans += 1;
+                        }
+                        Err(e) => {
+                            tracing::warn!(%cloud, instance = %i.provider_id, error = %e, "orphan not terminated")
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

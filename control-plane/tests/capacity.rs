@@ -1,0 +1,257 @@
+//! The capacity loop on the simulated clouds and a real store (SQLite and PostgreSQL), on a
+//! manual clock: demand the scheduler cannot place is bought for, booted nodes take the work,
+//! idle nodes go back, orphans are swept, and a node the cloud takes is recorded as lost.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use chrono::Duration;
+use common::{Backend, TestDb};
+use spotplane::metrics::Metrics;
+use spotplane::reconcile::capacity::{CapacityLoop, CapacitySettings};
+use spotplane::reconcile::scheduling::SchedulerLoop;
+use spotplane::store::{NewJob, NewTeam, Store, SubmitOutcome};
+use spotplane_core::job::JobSpec;
+use spotplane_core::shape::GpuShape;
+use spotplane_core::{Cloud, GpuModel, JobId, JobState, NodeId, NodeState};
+use spotplane_providers::clock::ManualClock;
+use spotplane_providers::config::ProviderConfig;
+use spotplane_providers::registry::{self, BuildContext, Providers};
+use spotplane_providers::sim::SimConfig;
+use spotplane_providers::{CloudProvider, ProvisionRequest, tags};
+
+on_both_databases!(
+    unmet_demand_is_bought_for_booted_and_placed_then_released_when_idle,
+    orphans_are_swept_and_taken_nodes_are_recorded,
+);
+
+async fn store(db: &TestDb) -> Store {
+    let s = Store::connect(&db.config.database, Metrics::new())
+        .await
+        .expect("connect");
+    s.migrate().await.expect("migrate");
+    s
+}
+
+async fn sims(clock: &ManualClock) -> Arc<Providers> {
+    let mut cfg = SimConfig::new(Cloud::Gcp, 7);
+    cfg.regions = vec!["us-central1".into()];
+    let ctx = BuildContext {
+        clock: Arc::new(clock.clone()),
+        sim_data_dir: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+        catalog_dir: None,
+        observer: None,
+    };
+    Arc::new(
+        registry::build(&[ProviderConfig::Sim(cfg)], &ctx)
+            .await
+            .expect("sims"),
+    )
+}
+
+fn clock() -> ManualClock {
+    ManualClock::new("2026-07-01T00:00:00Z".parse().expect("time"))
+}
+
+async fn team(store: &Store, clock: &ManualClock) -> String {
+    store
+        .create_team(
+            NewTeam {
+                name: "research".parse().expect("name"),
+                weight: 1.0,
+                cohort: None,
+                quotas: Default::default(),
+            },
+            spotplane_providers::clock::Clock::now(clock),
+        )
+        .await
+        .expect("team")
+        .id
+}
+
+async fn submit(store: &Store, team_id: &str, clock: &ManualClock) -> JobId {
+    let shape = GpuShape::Whole {
+        gpus: 1,
+        models: vec![GpuModel::L4],
+    };
+    let spec = JobSpec::new("fine-tune", shape, vec!["train".into()]);
+    let id = JobId(uuid::Uuid::now_v7());
+    let new = NewJob {
+        id,
+        team_id: team_id.into(),
+        team: "research".parse().expect("team"),
+        spec,
+        idempotency: None,
+    };
+    match store
+        .submit_job(new, spotplane_providers::clock::Clock::now(clock))
+        .await
+        .expect("submit")
+    {
+        SubmitOutcome::Created(j) => j.id,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn loops(
+    store: &Store,
+    providers: &Arc<Providers>,
+    clock: &ManualClock,
+) -> (SchedulerLoop, CapacityLoop) {
+    let settings = spotplane::config::Config::embedded_default()
+        .expect("config")
+        .scheduler;
+    let shared: spotplane::clock::SharedClock = Arc::new(clock.clone());
+    (
+        SchedulerLoop::new(store.clone(), shared.clone(), settings),
+        CapacityLoop::new(
+            store.clone(),
+            Arc::clone(providers),
+            shared,
+            CapacitySettings {
+                cluster: "test".into(),
+                ..CapacitySettings::default()
+            },
+        ),
+    )
+}
+
+async fn live_nodes(store: &Store) -> Vec<spotplane::model::Node> {
+    store
+        .list_nodes(&[NodeState::Requested, NodeState::Booting, NodeState::Ready])
+        .await
+        .expect("nodes")
+}
+
+async fn unmet_demand_is_bought_for_booted_and_placed_then_released_when_idle(backend: Backend) {
+    let db = TestDb::new(backend);
+    let store = store(&db).await;
+    let clock = clock();
+    let providers = sims(&clock).await;
+    let team_id = team(&store, &clock).await;
+    let job = submit(&store, &team_id, &clock).await;
+    let (mut sched, mut cap) = loops(&store, &providers, &clock);
+
+    let r = sched.run_once().await.expect("cycle");
+    assert_eq!(r.waiting, 1, "no nodes yet: {r:?}");
+    let c = cap.run_once().await.expect("round");
+    assert_eq!((c.demand, c.bought), (1, 1), "{c:?}");
+    let nodes = live_nodes(&store).await;
+    assert_eq!(nodes.len(), 1);
+    let node = &nodes[0];
+    assert_eq!(node.state, NodeState::Booting);
+    assert!(
+        node.instance_type.starts_with("g2-"),
+        "an L4 machine: {}",
+        node.instance_type
+    );
+    assert_eq!(
+        node.labels.get(tags::TEAM).map(String::as_str),
+        Some("research")
+    );
+    let pid = node.provider_instance_id.clone().expect("instance id");
+
+    // The next round, still booting: nothing more is bought.
+    let c = cap.run_once().await.expect("round");
+    assert_eq!(c.bought, 0, "{c:?}");
+
+    // Booted: ready, and the scheduler places the job on it.
+    clock.advance(Duration::minutes(4));
+    let c = cap.run_once().await.expect("round");
+    assert_eq!(c.ready, 1, "{c:?}");
+    let r = sched.run_once().await.expect("cycle");
+    assert_eq!(r.admitted, 1, "{r:?}");
+
+    // Busy: kept however long it runs.
+    clock.advance(Duration::minutes(30));
+    let c = cap.run_once().await.expect("round");
+    assert_eq!(c.released, 0, "{c:?}");
+
+    // Done: idle past the grace, given back, in the store and in the cloud.
+    store
+        .transition_job(
+            job,
+            None,
+            None,
+            JobState::Cancelled,
+            None,
+            spotplane_providers::clock::Clock::now(&clock),
+        )
+        .await
+        .expect("cancelled");
+    cap.run_once().await.expect("round");
+    clock.advance(Duration::minutes(6));
+    let c = cap.run_once().await.expect("round");
+    assert_eq!(c.released, 1, "{c:?}");
+    assert!(live_nodes(&store).await.is_empty());
+    let gcp = providers.sim(Cloud::Gcp).expect("sim");
+    let inst = gcp.instance_by_name(&pid).expect("listed for a while");
+    assert!(inst.terminated_at.is_some());
+}
+
+async fn orphans_are_swept_and_taken_nodes_are_recorded(backend: Backend) {
+    let db = TestDb::new(backend);
+    let store = store(&db).await;
+    let clock = clock();
+    let providers = sims(&clock).await;
+    let team_id = team(&store, &clock).await;
+    submit(&store, &team_id, &clock).await;
+    let (mut sched, mut cap) = loops(&store, &providers, &clock);
+    let sim = providers.sim(Cloud::Gcp).expect("sim").clone();
+
+    // An instance with the cluster tag that no node row knows (a crash between the cloud's
+    // answer and the store's write, say).
+    let offer = sim
+        .list_offers()
+        .await
+        .expect("offers")
+        .into_iter()
+        .find(|o| o.gpu_count > 0 && o.market == spotplane_core::Market::OnDemand)
+        .expect("an offer");
+    let orphan_node = NodeId(uuid::Uuid::now_v7());
+    let orphan = sim
+        .provision(&ProvisionRequest {
+            node_id: orphan_node,
+            offer,
+            client_token: "orphan".into(),
+            tags: BTreeMap::from([(tags::CLUSTER.to_owned(), "test".to_owned())]),
+            user_data: None,
+        })
+        .await
+        .expect("provisioned");
+
+    sched.run_once().await.expect("cycle");
+    let c = cap.run_once().await.expect("round");
+    assert_eq!(
+        (c.bought, c.orphans),
+        (1, 0),
+        "young orphans are left alone: {c:?}"
+    );
+    clock.advance(Duration::minutes(4));
+    cap.run_once().await.expect("round");
+    sched.run_once().await.expect("cycle");
+
+    clock.advance(Duration::minutes(7));
+    let c = cap.run_once().await.expect("round");
+    assert_eq!(c.orphans, 1, "{c:?}");
+    assert!(
+        sim.instances()
+            .iter()
+            .any(|i| i.id == orphan.provider_id && i.terminated_at.is_some())
+    );
+
+    // The cloud takes the node: after the notice it is gone, and recorded so.
+    let node = live_nodes(&store).await.pop().expect("a node");
+    assert!(sim.preempt_now(node.provider_instance_id.as_deref().expect("id")));
+    clock.advance(Duration::minutes(1));
+    let c = cap.run_once().await.expect("round");
+    assert_eq!(c.vanished, 1, "{c:?}");
+    let after = store.get_node(node.id).await.expect("node");
+    assert_eq!(after.state, NodeState::Terminated);
+    assert_eq!(
+        after.state_reason.as_deref(),
+        Some("the cloud took the instance")
+    );
+}
