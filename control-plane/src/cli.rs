@@ -36,6 +36,8 @@ pub enum Command {
     Bench(BenchCommand),
     /// Print what the configured providers offer now, cheapest first.
     Offers(OffersArgs),
+    /// Replay a Philly/Gavel workload on the simulated clouds in virtual time, per buying policy.
+    Replay(ReplayArgs),
     /// Maintain the price catalogs in config/catalog/.
     #[command(subcommand)]
     Catalog(CatalogCommand),
@@ -59,6 +61,34 @@ pub struct OffersArgs {
     #[arg(long, default_value_t = 40)]
     pub limit: usize,
     /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// A Gavel trace file (../shared/data/gpu-trace/philly-gavel/*.trace).
+    #[arg(long)]
+    pub workload: PathBuf,
+    /// Simulated days of arrivals to replay.
+    #[arg(long, default_value_t = 2.0)]
+    pub days: f64,
+    /// `on-demand-only`, `cheapest-spot-failover`, `spotplane`, or `all`.
+    #[arg(long, default_value = "all")]
+    pub policy: String,
+    /// Virtual time per step.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub step: std::time::Duration,
+    /// Where virtual time starts (the traces' prices are dated).
+    #[arg(long, default_value = "2026-07-01T00:00:00Z")]
+    pub start: chrono::DateTime<chrono::Utc>,
+    /// Jobs at most.
+    #[arg(long, default_value_t = 400)]
+    pub max_jobs: usize,
+    /// GPU seconds one trace step takes (Gavel's traces count work in steps).
+    #[arg(long, default_value_t = 0.1)]
+    pub seconds_per_step: f64,
+    /// One JSON object per policy and line.
     #[arg(long)]
     pub json: bool,
 }

@@ -16,6 +16,7 @@ pub mod model;
 pub mod offers;
 pub mod planner;
 pub mod reconcile;
+pub mod replay;
 pub mod scheduler;
 pub mod server;
 pub mod simfront;

@@ -141,6 +141,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = Config::load(cli.config.as_deref())?;
             bench_sim(&config, &args).await
         }
+        Command::Replay(args) => {
+            let config = Config::load(cli.config.as_deref())?;
+            replay_cmd(&config, &args).await
+        }
         Command::Offers(args) => {
             let config = Config::load(cli.config.as_deref())?;
             offers(&config, &args).await
@@ -156,6 +160,60 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `spotplane replay`: each policy on the same workload and traces, one after the other.
+async fn replay_cmd(config: &Config, args: &spotplane::cli::ReplayArgs) -> anyhow::Result<()> {
+    use spotplane::replay::{self, POLICIES, ReplaySpec};
+    let policies: Vec<&str> = if args.policy == "all" {
+        POLICIES.to_vec()
+    } else {
+        anyhow::ensure!(
+            replay::policy_by_name(&args.policy).is_some(),
+            "--policy: {:?} is not one of {POLICIES:?} or all",
+            args.policy
+        );
+        vec![args.policy.as_str()]
+    };
+    anyhow::ensure!(args.days > 0.0, "--days must be more than 0");
+    let spec = ReplaySpec {
+        trace: args.workload.clone(),
+        days: args.days,
+        start: args.start,
+        step: chrono::Duration::from_std(args.step)?,
+        data_dir: config.sim.resolved_data_dir(),
+        max_jobs: args.max_jobs,
+        seconds_per_step: args.seconds_per_step,
+    };
+    anyhow::ensure!(
+        args.seconds_per_step > 0.0,
+        "--seconds-per-step must be more than 0"
+    );
+    for p in policies {
+        let o = replay::replay(&spec, p).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&o)?);
+        } else {
+            println!(
+                "{:<24} cost ${:>10.2}  on-demand equivalent ${:>10.2}  saved {:>5.1}%  jobs {}/{}  deadline misses {}  lost {:.1} GPU-h of {:.1}  queue {:.0} s  preemptions {}  nodes {} ({} on-demand)  ({:.1} s)",
+                o.policy,
+                o.total_cost_usd,
+                o.ondemand_equivalent_usd,
+                o.saving_pct,
+                o.jobs_finished,
+                o.jobs_submitted,
+                o.deadline_misses,
+                o.lost_gpu_hours,
+                o.gpu_hours,
+                o.mean_queue_delay_s,
+                o.preemptions,
+                o.nodes_bought,
+                o.on_demand_nodes,
+                o.wall_seconds
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `spotplane bench sim`: the configured simulated clouds on a manual clock.

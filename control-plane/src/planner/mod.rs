@@ -65,9 +65,24 @@ use spotplane_providers::Offer;
 
 pub use pool::{PoolStats, Unavailable, pool_id};
 
+/// How offers are chosen: spotplane's expected-cost rule, or one of the baselines the fleet
+/// replay compares it with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PlanPolicy {
+    /// Expected cost per hour of progress, deadline safety, spreading (the module doc).
+    #[default]
+    ExpectedCost,
+    /// The cheapest spot offer by price, on-demand only when no spot offer fits; after a loss
+    /// the pool is set aside and the next cheapest taken (SkyPilot managed jobs' failover).
+    CheapestSpot,
+    /// On-demand capacity only.
+    OnDemandOnly,
+}
+
 /// Tunables of the planner.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannerSettings {
+    pub policy: PlanPolicy,
     /// Restart cost in hours when a job declares none: a new node's boot and the restore.
     pub default_restart_hours: f64,
     /// Checkpoint interval in hours assumed for a job that checkpoints without saying how often.
@@ -85,6 +100,7 @@ pub struct PlannerSettings {
 impl Default for PlannerSettings {
     fn default() -> Self {
         PlannerSettings {
+            policy: PlanPolicy::ExpectedCost,
             default_restart_hours: 0.1,
             default_checkpoint_hours: 0.5,
             no_checkpoint_rework_hours: 4.0,
@@ -484,12 +500,19 @@ fn choose(
         .map(|(o, _)| input.pools.rate(o))
         .fold(0.0_f64, f64::max);
     let max_nodes = within_price.iter().map(|(_, n)| *n).max().unwrap_or(1);
-    let forced = d.spot && d.deadline_forces_on_demand(now, worst_rate, max_nodes, s);
+    let forced = s.policy == PlanPolicy::ExpectedCost
+        && d.spot
+        && d.deadline_forces_on_demand(now, worst_rate, max_nodes, s);
+    let any_spot = within_price.iter().any(|(o, _)| o.market == Market::Spot);
     let mut scored: Vec<(f64, u32, &Offer)> = within_price
         .into_iter()
-        .filter(|(o, _)| !forced || o.market == Market::OnDemand)
+        .filter(|(o, _)| match s.policy {
+            PlanPolicy::ExpectedCost => !forced || o.market == Market::OnDemand,
+            PlanPolicy::CheapestSpot => !any_spot || o.market == Market::Spot,
+            PlanPolicy::OnDemandOnly => o.market == Market::OnDemand,
+        })
         .map(|(o, n)| {
-            let rate = if o.market == Market::Spot {
+            let rate = if o.market == Market::Spot && s.policy == PlanPolicy::ExpectedCost {
                 input.pools.rate(o)
             } else {
                 0.0
@@ -509,7 +532,12 @@ fn choose(
     scored.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.id().cmp(&b.2.id())));
     let best = scored[0].0;
     // Spreading: among the near-best, the pool where the team holds the fewest nodes.
-    let limit = best * (1.0 + s.spread_tolerance);
+    let tolerance = if s.policy == PlanPolicy::ExpectedCost {
+        s.spread_tolerance
+    } else {
+        0.0
+    };
+    let limit = best * (1.0 + tolerance);
     let pick = scored
         .iter()
         .enumerate()

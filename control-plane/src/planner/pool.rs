@@ -10,7 +10,7 @@ use spotplane_providers::Offer;
 /// Hours in an average month, for buckets stated per month.
 const HOURS_PER_MONTH: f64 = 730.0;
 /// How many node-hours of evidence the prior is worth.
-const PRIOR_HOURS: f64 = 200.0;
+const PRIOR_HOURS: f64 = 24.0;
 /// Spot pools of clouds that publish no bucket (GCP, Azure): assume the `10-15%` bucket.
 const DEFAULT_MONTHLY_RATE: f64 = 0.125;
 

@@ -188,6 +188,14 @@ impl CapacityLoop {
                 }
             })
             .collect();
+        let mut demand = demand;
+        // Work left, for the deadline rule: what the job has run so far comes off its estimate.
+        for d in &mut demand {
+            if let (Some(work), Some(_)) = (d.remaining_hours, d.deadline) {
+                let ran = self.progress_hours(d.job, d.checkpoint_hours, now).await?;
+                d.remaining_hours = Some((work - ran).max(0.0));
+            }
+        }
         report.demand = demand.len();
 
         // GPUs in use per node, from the placements of the jobs holding capacity.
@@ -322,6 +330,38 @@ impl CapacityLoop {
             }
         }
         Ok(report)
+    }
+
+    /// Hours a job has run, from its history: every stretch in `running`, less, for a stretch
+    /// that ended `lost`, the work since its last periodic checkpoint (at most one interval).
+    async fn progress_hours(
+        &self,
+        job: spotplane_core::JobId,
+        checkpoint_hours: Option<f64>,
+        now: DateTime<Utc>,
+    ) -> Result<f64, StoreError> {
+        let events = self.store.job_events(job, None, None, 10_000).await?;
+        let mut ran = 0.0;
+        let mut since: Option<DateTime<Utc>> = None;
+        for e in &events.items {
+            match (since, e.to_state) {
+                (None, Some(spotplane_core::JobState::Running)) => since = Some(e.at),
+                (Some(start), Some(to)) if to != spotplane_core::JobState::Running => {
+                    let h = (e.at - start).num_seconds().max(0) as f64 / 3600.0;
+                    ran += if to == spotplane_core::JobState::Lost {
+                        (h - checkpoint_hours.unwrap_or(h)).max(0.0)
+                    } else {
+                        h
+                    };
+                    since = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(start) = since {
+            ran += (now - start).num_seconds().max(0) as f64 / 3600.0;
+        }
+        Ok(ran)
     }
 
     async fn poll(&mut self, now: DateTime<Utc>) -> Result<(), StoreError> {

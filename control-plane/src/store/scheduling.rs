@@ -512,6 +512,98 @@ impl Store {
         .await
     }
 
+    /// Jobs holding capacity (admitted, starting, running, draining), with their state and the
+    /// nodes of their live allocations.
+    pub async fn jobs_with_nodes(
+        &self,
+    ) -> Result<Vec<(JobId, (JobState, Vec<NodeId>))>, StoreError> {
+        self.measured("jobs_with_nodes", || async {
+            let holding = [
+                JobState::Admitted,
+                JobState::Starting,
+                JobState::Running,
+                JobState::Draining,
+            ]
+            .map(|s| s.to_string());
+            let jobs: Vec<(String, String)> = job::Entity::find()
+                .select_only()
+                .columns([job::Column::Id, job::Column::State])
+                .filter(job::Column::State.is_in(holding))
+                .into_tuple()
+                .all(&self.read)
+                .await?;
+            let allocs: Vec<(String, String)> = allocation::Entity::find()
+                .select_only()
+                .columns([allocation::Column::JobId, allocation::Column::NodeId])
+                .filter(allocation::Column::ReleasedAt.is_null())
+                .into_tuple()
+                .all(&self.read)
+                .await?;
+            let mut nodes: HashMap<String, Vec<NodeId>> = HashMap::new();
+            for (j, n) in allocs {
+                let id = parse_col("allocations", &j, &n)?;
+                let v = nodes.entry(j).or_default();
+                if !v.contains(&id) {
+                    v.push(id);
+                }
+            }
+            let mut out = Vec::with_capacity(jobs.len());
+            for (id, state) in jobs {
+                let st: JobState = parse_col("jobs", &id, &state)?;
+                let ns = nodes.remove(&id).unwrap_or_default();
+                out.push((parse_col("jobs", &id, &id)?, (st, ns)));
+            }
+            out.sort_by_key(|(id, _)| *id);
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Jobs still holding capacity on a node that is terminated: lost with it.
+    pub async fn jobs_on_dead_nodes(&self) -> Result<Vec<(JobId, JobState)>, StoreError> {
+        self.measured("jobs_on_dead_nodes", || async {
+            let dead: Vec<String> = node::Entity::find()
+                .select_only()
+                .column(node::Column::Id)
+                .filter(node::Column::State.eq(NodeState::Terminated.to_string()))
+                .into_tuple()
+                .all(&self.read)
+                .await?;
+            if dead.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut jobs: Vec<String> = Vec::new();
+            for chunk in dead.chunks(500) {
+                let rows: Vec<String> = allocation::Entity::find()
+                    .select_only()
+                    .column(allocation::Column::JobId)
+                    .filter(allocation::Column::ReleasedAt.is_null())
+                    .filter(allocation::Column::NodeId.is_in(chunk.to_vec()))
+                    .into_tuple()
+                    .all(&self.read)
+                    .await?;
+                jobs.extend(rows);
+            }
+            jobs.sort();
+            jobs.dedup();
+            let mut out = Vec::new();
+            for chunk in jobs.chunks(500) {
+                let rows: Vec<(String, String)> = job::Entity::find()
+                    .select_only()
+                    .columns([job::Column::Id, job::Column::State])
+                    .filter(job::Column::Id.is_in(chunk.to_vec()))
+                    .into_tuple()
+                    .all(&self.read)
+                    .await?;
+                for (id, st) in rows {
+                    out.push((parse_col("jobs", &id, &id)?, parse_col("jobs", &id, &st)?));
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// Current state reasons of queued jobs, to write only changes.
     pub async fn queued_reasons(&self) -> Result<HashMap<JobId, Option<String>>, StoreError> {
         self.measured("queued_reasons", || async {
