@@ -361,7 +361,7 @@ variable "agent_sha256" {
 
   validation {
     condition     = var.agent_sha256 == "" || can(regex("^[0-9a-f]{64}$", var.agent_sha256))
-    error_message = "64 lowercase hex digits, or empty."
+    error_message = "The agent_sha256 must be 64 lowercase hex digits, or empty."
   }
 }
 

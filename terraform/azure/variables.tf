@@ -123,7 +123,7 @@ variable "image" {
 
   validation {
     condition     = can(regex("^([^:/\\s]+:[^:/\\s]+:[^:/\\s]+:[^:/\\s]+|/subscriptions/.+)$", var.image))
-    error_message = "publisher:offer:sku:version or an image resource id (/subscriptions/...)."
+    error_message = "The image must be publisher:offer:sku:version or an image resource id (/subscriptions/...)."
   }
 }
 
@@ -199,7 +199,7 @@ variable "db_version" {
 
   validation {
     condition     = contains(["14", "15", "16"], var.db_version)
-    error_message = "14, 15 or 16."
+    error_message = "The version must be 14, 15 or 16."
   }
 }
 
@@ -320,6 +320,6 @@ variable "agent_sha256" {
 
   validation {
     condition     = var.agent_sha256 == "" || can(regex("^[0-9a-f]{64}$", var.agent_sha256))
-    error_message = "64 lowercase hex digits, or empty."
+    error_message = "The agent_sha256 must be 64 lowercase hex digits, or empty."
   }
 }
