@@ -17,8 +17,10 @@ resource "azurerm_user_assigned_identity" "node" {
   tags                = local.tags
 }
 
+# Custom role names are unique in the whole tenant: the suffix keeps two clusters of one name
+# (in two subscriptions) apart.
 resource "azurerm_role_definition" "node_vms" {
-  name        = "spotplane ${var.name} node VMs"
+  name        = "spotplane ${var.name} node VMs (${random_id.suffix.hex})"
   scope       = azurerm_resource_group.nodes.id
   description = "spotplane control plane (${var.name}): create, read, list and delete Spot VMs, their NICs and disks, in the nodes' resource group."
 
@@ -50,7 +52,7 @@ resource "azurerm_role_assignment" "control_plane_node_vms" {
 }
 
 resource "azurerm_role_definition" "node_subnet" {
-  name        = "spotplane ${var.name} node subnet"
+  name        = "spotplane ${var.name} node subnet (${random_id.suffix.hex})"
   scope       = azurerm_subnet.nodes.id
   description = "spotplane control plane (${var.name}): put node NICs in the node subnet."
 
@@ -74,7 +76,7 @@ resource "azurerm_role_assignment" "control_plane_node_subnet" {
 
 # Blob data only: Storage Blob Data Contributor would add managing (deleting) the container.
 resource "azurerm_role_definition" "checkpoint_blobs" {
-  name        = "spotplane ${var.name} checkpoint blobs"
+  name        = "spotplane ${var.name} checkpoint blobs (${random_id.suffix.hex})"
   scope       = azurerm_storage_account.checkpoints.id
   description = "spotplane (${var.name}): read, write, list and delete checkpoint blobs; nothing on the container itself."
 
