@@ -15,7 +15,8 @@ resource "aws_db_subnet_group" "this" {
 }
 
 resource "aws_db_parameter_group" "this" {
-  name        = "${var.name}-${local.db_family}"
+  # A prefix, not a name: a new major version replaces the group before the old one goes.
+  name_prefix = "${var.name}-${local.db_family}-"
   family      = local.db_family
   description = "spotplane ${var.name}: TLS only, slow statements logged"
   tags        = local.tags
@@ -93,7 +94,7 @@ resource "aws_db_instance" "this" {
 
   tags = local.tags
 
-  depends_on = [aws_cloudwatch_log_group.db]
+  depends_on = [aws_cloudwatch_log_group.db, aws_iam_role_policy_attachment.rds_monitoring]
 }
 
 resource "aws_iam_role" "rds_monitoring" {
