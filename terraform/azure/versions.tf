@@ -1,0 +1,15 @@
+terraform {
+  # Terraform 1.0.3 is what the checks run (scripts/test-terraform); nothing here needs newer.
+  required_version = ">= 1.0.3, < 2.0.0"
+
+  required_providers {
+    azurerm = {
+      source  = "hashicorp/azurerm"
+      version = "~> 3.110"
+    }
+    random = {
+      source  = "hashicorp/random"
+      version = "~> 3.6"
+    }
+  }
+}
