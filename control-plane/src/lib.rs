@@ -11,6 +11,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod finance;
 pub mod metrics;
 pub mod model;
 pub mod offers;
