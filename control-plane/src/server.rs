@@ -13,6 +13,7 @@ use crate::api::{self, AppState};
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::reconcile::ledger::LedgerLoop;
 use crate::reconcile::scheduling::SchedulerLoop;
 use crate::simfront;
 use crate::store::{Bootstrap, Store};
@@ -81,7 +82,8 @@ impl Server {
             .await
             .context("setting up the configured providers")?,
         );
-        let state = AppState::new(store.clone(), clock.clone(), metrics, &config.server);
+        let state = AppState::new(store.clone(), clock.clone(), metrics, &config.server)
+            .with_finance(config.finance.clone());
         let listener =
             tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
                 .await
@@ -98,6 +100,15 @@ impl Server {
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await
         });
+        if config.finance.enabled {
+            let ledger = LedgerLoop::new(
+                store.clone(),
+                clock.clone(),
+                Some(&providers),
+                config.finance.clone(),
+            );
+            tokio::spawn(ledger.run(cancel.clone()));
+        }
         if config.scheduler.enabled {
             let scheduling = SchedulerLoop::new(store, clock, config.scheduler.clone());
             tokio::spawn(scheduling.run(cancel.clone()));

@@ -8,6 +8,7 @@ pub mod extract;
 pub mod problem;
 
 mod cluster;
+mod finance;
 mod health;
 mod jobs;
 mod openapi;
@@ -32,7 +33,7 @@ pub use openapi::ApiDoc;
 use problem::ApiError;
 
 use crate::clock::SharedClock;
-use crate::config::ServerConfig;
+use crate::config::{FinanceSettings, ServerConfig};
 use crate::metrics::{HttpLabels, Metrics};
 use crate::store::{Principal, Store};
 
@@ -49,6 +50,7 @@ struct Inner {
     ready: AtomicBool,
     max_body_bytes: usize,
     request_timeout: Duration,
+    finance: FinanceSettings,
 }
 
 impl AppState {
@@ -61,8 +63,21 @@ impl AppState {
                 ready: AtomicBool::new(false),
                 max_body_bytes: server.max_body_bytes,
                 request_timeout: server.request_timeout,
+                finance: FinanceSettings::default(),
             }),
         }
+    }
+
+    /// Sets the finance settings (before the state is shared).
+    pub fn with_finance(mut self, finance: FinanceSettings) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.finance = finance;
+        }
+        self
+    }
+
+    pub fn finance(&self) -> &FinanceSettings {
+        &self.inner.finance
     }
 
     pub fn max_body_bytes(&self) -> usize {
@@ -119,6 +134,12 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}/events", get(jobs::job_events))
         .route("/nodes", get(cluster::list_nodes))
         .route("/offers", get(cluster::list_offers))
+        .route("/finance/summary", get(finance::summary))
+        .route("/finance/export.csv", get(finance::export_csv))
+        .route(
+            "/teams/{team}/budget",
+            get(finance::get_budget).put(finance::put_budget),
+        )
         .route("/openapi.json", get(openapi::openapi_json));
     let max_body = state.inner.max_body_bytes;
     Router::new()

@@ -1,4 +1,5 @@
 //! Reconcilers: loops that read the store, call a pure core, and write its decisions back.
 //! Only the leader replica runs them (see `store::leader`).
 
+pub mod ledger;
 pub mod scheduling;

@@ -21,6 +21,7 @@
 //! `synchronous = NORMAL`: a crash of the process loses nothing committed, a power cut may lose
 //! the last transactions. On PostgreSQL one pool does both.
 
+mod finance;
 mod jobs;
 mod leader;
 mod nodes;
@@ -51,6 +52,7 @@ use spotplane_migrations::MigratorTrait;
 use crate::config::{DatabaseConfig, DatabaseKind};
 use crate::metrics::Metrics;
 
+pub use finance::{LivePool, TeamBudget};
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
 pub use leader::Leadership;
 pub use nodes::{NewGpu, NewNode};
