@@ -22,3 +22,4 @@ pub mod server;
 pub mod simfront;
 pub mod store;
 pub mod telemetry;
+pub mod webhooks;

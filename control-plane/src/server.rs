@@ -15,8 +15,10 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::reconcile::ledger::LedgerLoop;
 use crate::reconcile::scheduling::SchedulerLoop;
+use crate::reconcile::webhooks::WebhookLoop;
 use crate::simfront;
 use crate::store::{Bootstrap, Store};
+use crate::webhooks::sender::Sender;
 
 /// The shortest bootstrap admin token accepted: it is a password to the whole cluster.
 pub const MIN_BOOTSTRAP_TOKEN_LEN: usize = 16;
@@ -82,8 +84,11 @@ impl Server {
             .await
             .context("setting up the configured providers")?,
         );
+        let sender =
+            Arc::new(Sender::new(&config.webhooks).context("building the webhook HTTP client")?);
         let state = AppState::new(store.clone(), clock.clone(), metrics, &config.server)
-            .with_finance(config.finance.clone());
+            .with_finance(config.finance.clone())
+            .with_webhooks(config.webhooks.clone(), sender.clone());
         let listener =
             tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
                 .await
@@ -100,6 +105,15 @@ impl Server {
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await
         });
+        if config.webhooks.enabled {
+            let delivery = WebhookLoop::new(
+                store.clone(),
+                clock.clone(),
+                sender,
+                config.webhooks.clone(),
+            );
+            tokio::spawn(delivery.run(cancel.clone()));
+        }
         if config.finance.enabled {
             let ledger = LedgerLoop::new(
                 store.clone(),

@@ -14,6 +14,7 @@ mod jobs;
 mod openapi;
 mod teams;
 mod tokens;
+mod webhooks;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,9 +34,10 @@ pub use openapi::ApiDoc;
 use problem::ApiError;
 
 use crate::clock::SharedClock;
-use crate::config::{FinanceSettings, ServerConfig};
+use crate::config::{FinanceSettings, ServerConfig, WebhookSettings};
 use crate::metrics::{HttpLabels, Metrics};
 use crate::store::{Principal, Store};
+use crate::webhooks::sender::Sender;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -51,6 +53,9 @@ struct Inner {
     max_body_bytes: usize,
     request_timeout: Duration,
     finance: FinanceSettings,
+    webhooks: WebhookSettings,
+    /// The webhook HTTP client, or why it could not be built.
+    sender: Result<Arc<Sender>, String>,
 }
 
 impl AppState {
@@ -64,6 +69,10 @@ impl AppState {
                 max_body_bytes: server.max_body_bytes,
                 request_timeout: server.request_timeout,
                 finance: FinanceSettings::default(),
+                webhooks: WebhookSettings::default(),
+                sender: Sender::new(&WebhookSettings::default())
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string()),
             }),
         }
     }
@@ -74,6 +83,27 @@ impl AppState {
             inner.finance = finance;
         }
         self
+    }
+
+    /// Sets the webhook settings and the client deliveries and pings are sent with.
+    pub fn with_webhooks(mut self, settings: WebhookSettings, sender: Arc<Sender>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.webhooks = settings;
+            inner.sender = Ok(sender);
+        }
+        self
+    }
+
+    pub fn webhook_settings(&self) -> &WebhookSettings {
+        &self.inner.webhooks
+    }
+
+    pub fn webhook_sender(&self) -> Result<Arc<Sender>, String> {
+        self.inner.sender.clone()
+    }
+
+    pub fn clock(&self) -> SharedClock {
+        self.inner.clock.clone()
     }
 
     pub fn finance(&self) -> &FinanceSettings {
@@ -134,6 +164,19 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}/events", get(jobs::job_events))
         .route("/nodes", get(cluster::list_nodes))
         .route("/offers", get(cluster::list_offers))
+        .route("/webhooks", post(webhooks::create).get(webhooks::list))
+        .route(
+            "/webhooks/{id}",
+            get(webhooks::get)
+                .patch(webhooks::update)
+                .delete(webhooks::delete),
+        )
+        .route(
+            "/webhooks/{id}/rotate-secret",
+            post(webhooks::rotate_secret),
+        )
+        .route("/webhooks/{id}/ping", post(webhooks::send_ping))
+        .route("/webhooks/{id}/deliveries", get(webhooks::deliveries))
         .route("/finance/summary", get(finance::summary))
         .route("/finance/export.csv", get(finance::export_csv))
         .route(

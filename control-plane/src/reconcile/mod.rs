@@ -3,3 +3,4 @@
 
 pub mod ledger;
 pub mod scheduling;
+pub mod webhooks;

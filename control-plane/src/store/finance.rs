@@ -137,7 +137,7 @@ fn line_from_row(r: &ledger_entry::Model) -> Result<Line, StoreError> {
 /// The ledger's cursor over lost runs (job events).
 const LOST_CURSOR: &str = "ledger.lost_work";
 
-async fn set_cursor<C: ConnectionTrait>(
+pub(crate) async fn set_cursor_in<C: ConnectionTrait>(
     conn: &C,
     name: &str,
     position: i64,
@@ -530,7 +530,7 @@ impl Store {
                     .exec(&txn)
                     .await?;
             }
-            set_cursor(&txn, LOST_CURSOR, cursor_position, now).await?;
+            set_cursor_in(&txn, LOST_CURSOR, cursor_position, now).await?;
             txn.commit().await?;
             Ok(())
         })

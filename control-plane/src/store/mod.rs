@@ -30,6 +30,7 @@ mod scheduling;
 mod submit;
 mod teams;
 mod tokens;
+mod webhooks;
 
 pub mod entity;
 
@@ -60,6 +61,7 @@ pub use outbox::OutboxEvent;
 pub use scheduling::{SpecCache, wait_text};
 pub use teams::{NewTeam, TeamPatch};
 pub use tokens::{Bootstrap, NewToken, Principal, generate_secret, hash_secret};
+pub use webhooks::{DueDelivery, NewSubscription, SubscriptionPatch};
 
 /// What can go wrong in the store, for callers to branch on.
 #[derive(Debug, thiserror::Error)]
