@@ -69,22 +69,33 @@ impl WebhookLoop {
                 break;
             }
         }
-        let due = self
-            .store
-            .due_deliveries(self.clock.now(), 4 * self.settings.concurrency as u64)
-            .await?;
-        let results: Vec<Result<Option<bool>, StoreError>> = futures::stream::iter(due)
-            .map(|d| self.attempt(d))
-            .buffer_unordered(self.settings.concurrency.max(1))
-            .collect()
-            .await;
-        for r in results {
-            match r? {
-                Some(true) => report.delivered += 1,
-                Some(false) => report.failed += 1,
-                None => {}
+        // A delivery made may let the next event of the same job go: a few rounds per cycle.
+        for _ in 0..8 {
+            let due = self
+                .store
+                .due_deliveries(self.clock.now(), 4 * self.settings.concurrency as u64)
+                .await?;
+            if due.is_empty() {
+                break;
             }
-            report.attempted += 1;
+            let results: Vec<Result<Option<bool>, StoreError>> = futures::stream::iter(due)
+                .map(|d| self.attempt(d))
+                .buffer_unordered(self.settings.concurrency.max(1))
+                .collect()
+                .await;
+            let mut delivered = 0;
+            for r in results {
+                match r? {
+                    Some(true) => delivered += 1,
+                    Some(false) => report.failed += 1,
+                    None => {}
+                }
+                report.attempted += 1;
+            }
+            report.delivered += delivered;
+            if delivered == 0 {
+                break;
+            }
         }
         Ok(report)
     }
