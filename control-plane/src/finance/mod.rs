@@ -8,6 +8,7 @@
 pub mod export;
 pub mod ledger;
 pub mod summary;
+pub mod week;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
