@@ -671,9 +671,16 @@ pub async fn run_week(
         d.report.price_points += r.price_points;
     }
     let mut report = d.report;
-    check(store, providers, spec, end, &settings, out, &mut report).await?;
     report.simulated_hours = spec.span.num_seconds() as f64 / 3600.0;
+    check(store, providers, spec, end, &settings, out, &mut report).await?;
     report.wall_seconds = started.elapsed().as_secs_f64();
+    if let Some(dir) = out {
+        std::fs::write(
+            dir.join("report.json"),
+            serde_json::to_string_pretty(&report)?,
+        )
+        .context("writing report.json")?;
+    }
     Ok(report)
 }
 
@@ -775,7 +782,6 @@ async fn check(
             ));
         }
         write("bills.csv", &bills_csv)?;
-        write("report.json", &serde_json::to_string_pretty(&report)?)?;
     }
     Ok(())
 }
