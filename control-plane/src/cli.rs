@@ -41,6 +41,28 @@ pub enum Command {
     /// Maintain the price catalogs in config/catalog/.
     #[command(subcommand)]
     Catalog(CatalogCommand),
+    /// Export the cost ledger for a time range: CSV lines, or FinOps FOCUS (a client of a
+    /// running server; finance and admin tokens export everything, team tokens their own).
+    Export(ExportArgs),
+}
+
+/// `spotplane export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// `csv` (the ledger's lines) or `focus` (FinOps FOCUS columns).
+    #[arg(long, default_value = "csv", value_parser = ["csv", "focus"])]
+    pub format: String,
+    /// Start of the range (inclusive), RFC 3339; default: the first of this month.
+    #[arg(long)]
+    pub from: Option<chrono::DateTime<chrono::Utc>>,
+    /// End of the range (exclusive), RFC 3339; default: now.
+    #[arg(long)]
+    pub to: Option<chrono::DateTime<chrono::Utc>>,
+    /// Write here instead of standard output.
+    #[arg(long, short = 'o')]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Args)]
@@ -202,6 +224,34 @@ pub enum BenchCommand {
     /// Replay the openb packing experiment of FGD (USENIX ATC '23): print the GPU allocation
     /// ratio at each percentage (0..130) of arrived GPU demand.
     Pack(PackArgs),
+    /// Replay a week of jobs on the simulated clouds into a fresh ledger, check it against the
+    /// clouds' bills, and write the week's files (ledger CSV, FOCUS, summaries, bills).
+    Finance(FinanceBenchArgs),
+}
+
+/// `spotplane bench finance`.
+#[derive(Debug, Args)]
+pub struct FinanceBenchArgs {
+    /// Folder for the week's database and files (its database is replaced).
+    #[arg(long, default_value = "data/finance-week")]
+    pub out: PathBuf,
+    /// Where in simulated time to start (RFC 3339).
+    #[arg(long, default_value = "2026-07-01T00:00:00Z")]
+    pub start: chrono::DateTime<chrono::Utc>,
+    /// Simulated span.
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    pub span: Duration,
+    /// Nodes alive at most at once.
+    #[arg(long, default_value_t = 24)]
+    pub max_nodes: usize,
+    /// Jobs submitted per simulated hour, on average.
+    #[arg(long, default_value_t = 4.0)]
+    pub jobs_per_hour: f64,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `spotplane bench sim`.

@@ -110,6 +110,37 @@ impl Client {
         }
     }
 
+    /// A GET whose success body is text (CSV exports).
+    pub async fn get_text(&self, path: &str) -> Result<String, ClientError> {
+        let url = format!("{}{}", self.base, path);
+        let mut req = self.http.get(&url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|e| ClientError::Transport {
+            url: url.clone(),
+            source: e,
+        })?;
+        let status = resp.status();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| ClientError::Transport { url, source: e })?;
+        if status.is_success() {
+            return Ok(text);
+        }
+        match serde_json::from_str::<Problem>(&text) {
+            Ok(problem) => Err(ClientError::Api {
+                status,
+                problem: Box::new(problem),
+            }),
+            Err(_) => Err(ClientError::Unexpected {
+                status,
+                body: text.chars().take(500).collect(),
+            }),
+        }
+    }
+
     pub async fn get(&self, path: &str) -> Result<Value, ClientError> {
         self.call::<Value>(Method::GET, path, None::<&Value>, &[])
             .await

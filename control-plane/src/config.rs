@@ -30,6 +30,10 @@ pub struct Config {
     pub sim: SimSettings,
     #[serde(default)]
     pub catalog: CatalogSettings,
+    #[serde(default)]
+    pub webhooks: WebhookSettings,
+    #[serde(default)]
+    pub finance: FinanceSettings,
     /// The cloud accounts (or simulated clouds) capacity is bought from, one per cloud.
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
@@ -66,6 +70,93 @@ pub struct CatalogSettings {
     /// A folder of `aws.csv`, `gcp.csv`, `azure.csv` replacing the catalogs built in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<PathBuf>,
+}
+
+/// Webhook delivery (docs/webhooks.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookSettings {
+    /// Deliver webhooks from this process (only the leader delivers).
+    pub enabled: bool,
+    /// How often due deliveries are looked for.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// A delivery attempt that takes longer fails.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Deliveries in flight at once.
+    pub concurrency: usize,
+    /// The first retry waits about this long; each next one twice as long, jittered...
+    #[serde(with = "humantime_serde")]
+    pub retry_base: Duration,
+    /// ...but never longer than this.
+    #[serde(with = "humantime_serde")]
+    pub retry_max: Duration,
+    /// A delivery still failing this long after its event is given up.
+    #[serde(with = "humantime_serde")]
+    pub retry_for: Duration,
+    /// An endpoint that has failed every attempt for this long is disabled, and its team told.
+    #[serde(with = "humantime_serde")]
+    pub disable_after: Duration,
+    /// How long a rotated-out secret still signs, unless the rotation says otherwise.
+    #[serde(with = "humantime_serde")]
+    pub rotation_overlap: Duration,
+    /// Allows endpoints on private, loopback and link-local addresses (internal services).
+    pub allow_private: bool,
+    /// How long a gap in the outbox's ids is waited for (a transaction not yet committed)
+    /// before it is skipped (a transaction rolled back).
+    #[serde(with = "humantime_serde")]
+    pub gap_wait: Duration,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        WebhookSettings {
+            enabled: true,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            concurrency: 16,
+            retry_base: Duration::from_secs(5),
+            retry_max: Duration::from_secs(3600),
+            retry_for: Duration::from_secs(24 * 3600),
+            disable_after: Duration::from_secs(24 * 3600),
+            rotation_overlap: Duration::from_secs(24 * 3600),
+            allow_private: false,
+            gap_wait: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The cost ledger (docs/finance.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FinanceSettings {
+    /// Run the ledger in this process (only the leader writes it).
+    pub enabled: bool,
+    /// How often node time is brought into the ledger.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// The ledger stops this far behind now, so changes being committed are in.
+    #[serde(with = "humantime_serde")]
+    pub settle: Duration,
+    /// `BillingAccountId` and `BillingAccountName` of the FOCUS export.
+    pub billing_account_id: String,
+    pub billing_account_name: String,
+}
+
+impl Default for FinanceSettings {
+    fn default() -> Self {
+        FinanceSettings {
+            enabled: true,
+            interval: Duration::from_secs(60),
+            settle: Duration::from_secs(60),
+            billing_account_id: "spotplane".into(),
+            billing_account_name: "spotplane".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -345,6 +436,45 @@ impl Config {
             }
             clouds.push(p.cloud());
             p.validate(&at, &mut errs);
+        }
+        let w = &self.webhooks;
+        for (field, d, min) in [
+            ("webhooks.interval", w.interval, Duration::from_millis(10)),
+            ("webhooks.timeout", w.timeout, Duration::from_millis(100)),
+            (
+                "webhooks.connect_timeout",
+                w.connect_timeout,
+                Duration::from_millis(100),
+            ),
+            (
+                "webhooks.retry_base",
+                w.retry_base,
+                Duration::from_millis(100),
+            ),
+            (
+                "finance.interval",
+                self.finance.interval,
+                Duration::from_millis(10),
+            ),
+        ] {
+            if d < min {
+                errs.push(
+                    field,
+                    format!("must be at least {}", humantime::format_duration(min)),
+                );
+            }
+        }
+        if w.retry_max < w.retry_base {
+            errs.push("webhooks.retry_max", "must be at least webhooks.retry_base");
+        }
+        if w.retry_for < w.retry_base {
+            errs.push("webhooks.retry_for", "must be at least webhooks.retry_base");
+        }
+        if !(1..=1024).contains(&w.concurrency) {
+            errs.push("webhooks.concurrency", "must be between 1 and 1024");
+        }
+        if self.finance.billing_account_id.trim().is_empty() {
+            errs.push("finance.billing_account_id", "must not be empty");
         }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             errs.push(

@@ -10,8 +10,8 @@ use reqwest::Method;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use spotplane::cli::{
-    BenchCommand, CatalogCommand, Cli, ClientArgs, Command, JobCommand, OffersArgs, PackArgs,
-    SimBenchArgs,
+    BenchCommand, CatalogCommand, Cli, ClientArgs, Command, ExportArgs, FinanceBenchArgs,
+    JobCommand, OffersArgs, PackArgs, SimBenchArgs,
 };
 use spotplane::client::Client;
 use spotplane::clock::SystemClock;
@@ -137,6 +137,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(BenchCommand::Pack(args)) => bench_pack(&args),
+        Command::Bench(BenchCommand::Finance(args)) => {
+            let config = Config::load(cli.config.as_deref())?;
+            bench_finance(&config, &args).await
+        }
+        Command::Export(args) => export(&args).await,
         Command::Bench(BenchCommand::Sim(args)) => {
             let config = Config::load(cli.config.as_deref())?;
             bench_sim(&config, &args).await
@@ -296,6 +301,127 @@ async fn bench_sim(config: &Config, args: &SimBenchArgs) -> anyhow::Result<()> {
             report.offers_last_poll,
         );
     }
+    Ok(())
+}
+
+/// `spotplane export`: the ledger as CSV or FOCUS, from a running server.
+async fn export(args: &ExportArgs) -> anyhow::Result<()> {
+    let c = client_of(&args.client)?;
+    let mut query = vec![format!("format={}", args.format)];
+    let stamp = |t: &chrono::DateTime<chrono::Utc>| {
+        t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+            .replace('+', "%2B")
+    };
+    if let Some(f) = &args.from {
+        query.push(format!("from={}", stamp(f)));
+    }
+    if let Some(t) = &args.to {
+        query.push(format!("to={}", stamp(t)));
+    }
+    let text = c
+        .get_text(&format!("/v1/finance/export.csv?{}", query.join("&")))
+        .await?;
+    match &args.out {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+/// `spotplane bench finance`: a replayed week in a fresh SQLite ledger, checked and written out.
+async fn bench_finance(config: &Config, args: &FinanceBenchArgs) -> anyhow::Result<()> {
+    use spotplane::finance::week::{WeekSpec, run_week};
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let db = args.out.join("week.sqlite");
+    for suffix in ["", "-wal", "-shm"] {
+        let p = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
+        if p.exists() {
+            std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+        }
+    }
+    let mut database = config.database.clone();
+    database.url = format!("sqlite://{}", db.display());
+    database.schema = None;
+    let store = Store::connect(&database, Metrics::new()).await?;
+    store.migrate().await?;
+    let clock = ManualClock::new(args.start);
+    let sims: Vec<_> = config
+        .providers
+        .iter()
+        .filter(|p| p.kind() == "sim")
+        .cloned()
+        .collect();
+    anyhow::ensure!(!sims.is_empty(), "no simulated clouds are configured");
+    let providers = registry::build(
+        &sims,
+        &BuildContext {
+            clock: Arc::new(clock.clone()),
+            sim_data_dir: config.sim.resolved_data_dir(),
+            catalog_dir: config.catalog.dir.clone(),
+            observer: None,
+        },
+    )
+    .await?;
+    let spec = WeekSpec {
+        start: args.start,
+        span: chrono::Duration::from_std(args.span).context("--span out of range")?,
+        max_nodes: args.max_nodes,
+        jobs_per_hour: args.jobs_per_hour,
+        seed: args.seed,
+    };
+    let r = run_week(&store, &providers, &clock, &spec, Some(&args.out)).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "replayed {:.0} h on {} simulated clouds in {:.1} s: {} nodes ({} spot, {} taken by the cloud), {} jobs ({} done), {} runs checkpointed and {} lost",
+            r.simulated_hours,
+            providers.sims.len(),
+            r.wall_seconds,
+            r.nodes,
+            r.spot_nodes,
+            r.preempted_nodes,
+            r.jobs,
+            r.jobs_succeeded,
+            r.checkpointed_runs,
+            r.lost_runs
+        );
+        println!(
+            "ledger {} = clouds' bills {}; on demand {} (bills {}); saving {}; idle {}; lost work {}",
+            r.ledger_total,
+            r.cloud_bills_total,
+            r.ledger_on_demand,
+            r.cloud_bills_on_demand,
+            r.saving,
+            r.idle,
+            r.lost_work
+        );
+        let teams: Vec<String> = r.by_team.iter().map(|(t, c)| format!("{t} {c}")).collect();
+        println!(
+            "teams: {}; teams + idle = {}; FOCUS ListCost - EffectiveCost = {} over {} rows",
+            teams.join(", "),
+            r.by_team.values().copied().sum::<spotplane_core::Micros>() + r.idle,
+            r.focus_saving,
+            r.focus_rows
+        );
+        println!(
+            "{} ({} ledger lines; files in {})",
+            if r.balanced {
+                "balanced"
+            } else {
+                "NOT BALANCED"
+            },
+            r.ledger_lines,
+            args.out.display()
+        );
+    }
+    anyhow::ensure!(
+        r.balanced,
+        "the ledger does not balance against the clouds' bills"
+    );
     Ok(())
 }
 

@@ -190,3 +190,46 @@ pub struct Page<T> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
 }
+
+/// A webhook subscription, as listed: never its secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Subscription {
+    pub id: String,
+    pub team: TeamName,
+    pub url: String,
+    /// The event types delivered (`job.succeeded`, `node.notice`, `budget.alert`, ...).
+    pub event_types: Vec<String>,
+    pub description: Option<String>,
+    /// Disabled ones receive nothing until enabled again; their pending deliveries wait.
+    pub enabled: bool,
+    /// Why it was disabled, when spotplane disabled it.
+    pub disabled_reason: Option<String>,
+    /// Since when every attempt has failed, while it does.
+    pub failing_since: Option<DateTime<Utc>>,
+    /// Until when the secret replaced by the last rotation still signs (both are sent).
+    pub previous_secret_until: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One event's delivery to one subscription: the delivery log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Delivery {
+    /// Also the `webhook-id` header: the same on every attempt.
+    pub id: String,
+    /// The outbox event delivered.
+    pub event_id: i64,
+    pub event_type: Option<String>,
+    /// `pending` (due at `next_attempt_at`), `delivered`, or `failed` (given up).
+    pub state: String,
+    pub attempts: u32,
+    /// The HTTP status of the last attempt, if an answer came.
+    pub last_status: Option<u16>,
+    pub last_error: Option<String>,
+    /// How long the last attempt took.
+    pub latency_ms: Option<i64>,
+    pub created_at: DateTime<Utc>,
+    pub last_attempt_at: Option<DateTime<Utc>>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub delivered_at: Option<DateTime<Utc>>,
+}

@@ -14,9 +14,12 @@ use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::reconcile::capacity::CapacityLoop;
+use crate::reconcile::ledger::LedgerLoop;
 use crate::reconcile::scheduling::SchedulerLoop;
+use crate::reconcile::webhooks::WebhookLoop;
 use crate::simfront;
 use crate::store::{Bootstrap, Store};
+use crate::webhooks::sender::Sender;
 
 /// The shortest bootstrap admin token accepted: it is a password to the whole cluster.
 pub const MIN_BOOTSTRAP_TOKEN_LEN: usize = 16;
@@ -82,7 +85,11 @@ impl Server {
             .await
             .context("setting up the configured providers")?,
         );
-        let state = AppState::new(store.clone(), clock.clone(), metrics, &config.server);
+        let sender =
+            Arc::new(Sender::new(&config.webhooks).context("building the webhook HTTP client")?);
+        let state = AppState::new(store.clone(), clock.clone(), metrics, &config.server)
+            .with_finance(config.finance.clone())
+            .with_webhooks(config.webhooks.clone(), sender.clone());
         let listener =
             tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
                 .await
@@ -99,6 +106,24 @@ impl Server {
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await
         });
+        if config.webhooks.enabled {
+            let delivery = WebhookLoop::new(
+                store.clone(),
+                clock.clone(),
+                sender,
+                config.webhooks.clone(),
+            );
+            tokio::spawn(delivery.run(cancel.clone()));
+        }
+        if config.finance.enabled {
+            let ledger = LedgerLoop::new(
+                store.clone(),
+                clock.clone(),
+                Some(&providers),
+                config.finance.clone(),
+            );
+            tokio::spawn(ledger.run(cancel.clone()));
+        }
         if config.scheduler.enabled {
             let mut scheduling =
                 SchedulerLoop::new(store.clone(), clock.clone(), config.scheduler.clone());

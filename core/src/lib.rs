@@ -20,7 +20,7 @@ pub use gpu::GpuModel;
 pub use ids::{CheckpointId, CommandId, JobId, NodeId, TeamName, TokenId};
 pub use job::{JobSpec, JobState, Priority, PriorityClass};
 pub use mig::{MigClass, MigInstance, MigLayout, MigProfile};
-pub use money::Micros;
+pub use money::{Micros, PriceMillis};
 pub use node::{Cloud, Market, NodeState};
 pub use shape::{GpuShape, ResourceShape};
 pub use team::{Quota, QuotaResource};

@@ -133,8 +133,34 @@ impl Micros {
         Micros(q.clamp(i64::MIN as i128, i64::MAX as i128) as i64)
     }
 
+    /// An exact sum of `price × milliseconds` (micro-dollars per hour times milliseconds, as
+    /// [`PriceMillis`] accumulates it) as micro-dollars, rounded half away from zero once.
+    pub fn from_price_millis(units: PriceMillis) -> Micros {
+        const MILLIS_PER_HOUR: i128 = 3_600_000;
+        let half = MILLIS_PER_HOUR / 2;
+        let q = if units.0 >= 0 {
+            (units.0 + half) / MILLIS_PER_HOUR
+        } else {
+            (units.0 - half) / MILLIS_PER_HOUR
+        };
+        Micros(q.clamp(i64::MIN as i128, i64::MAX as i128) as i64)
+    }
+
     pub fn checked_add(self, other: Micros) -> Option<Micros> {
         self.0.checked_add(other.0).map(Micros)
+    }
+}
+
+/// Charges accumulated exactly, before rounding: micro-dollars per hour times milliseconds.
+/// Rounding a running total once ([`Micros::from_price_millis`]) instead of each piece makes
+/// a bill independent of how its time was cut into pieces.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PriceMillis(pub i128);
+
+impl PriceMillis {
+    /// Adds holding something priced `price` per hour for `millis` milliseconds.
+    pub fn add(&mut self, price: Micros, millis: i64) {
+        self.0 += i128::from(price.0) * i128::from(millis);
     }
 }
 
@@ -250,6 +276,27 @@ mod tests {
             let whole = Micros(price).per_hour_for_millis(seconds * 1000);
             let pieces: Micros = (0..seconds).map(|_| Micros(price).per_hour_for_millis(1000)).sum();
             prop_assert!((whole.0 - pieces.0).abs() <= seconds);
+        }
+
+        #[test]
+        fn a_running_total_rounds_the_same_however_its_time_is_cut(
+            price in 0i64..100_000_000, cuts in proptest::collection::vec(1i64..10_000_000, 1..20)
+        ) {
+            let mut whole = PriceMillis::default();
+            whole.add(Micros(price), cuts.iter().sum());
+            // Pieces priced as differences of the rounded running total add up to the whole.
+            let mut run = PriceMillis::default();
+            let mut billed = Micros::ZERO;
+            for c in &cuts {
+                let before = Micros::from_price_millis(run);
+                run.add(Micros(price), *c);
+                billed += Micros::from_price_millis(run) - before;
+            }
+            prop_assert_eq!(billed, Micros::from_price_millis(whole));
+            prop_assert_eq!(
+                Micros::from_price_millis(whole),
+                Micros(price).per_hour_for_millis(cuts.iter().sum())
+            );
         }
 
         #[test]

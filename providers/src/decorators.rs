@@ -6,9 +6,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use spotplane_core::Cloud;
 
-use crate::{CloudProvider, Instance, InterruptionEvent, Offer, ProviderError, ProvisionRequest};
+use crate::{
+    CloudProvider, Instance, InterruptionEvent, Offer, PoolRef, PriceChange, ProviderError,
+    ProvisionRequest,
+};
 
 /// Retries what can succeed later (throttling, transient errors) with exponential backoff and
 /// full jitter, honouring a throttled call's `retry_after`. Everything else fails at once.
@@ -88,6 +92,14 @@ impl<P: CloudProvider> CloudProvider for Retrying<P> {
     async fn drain_interruptions(&self) -> Result<Vec<InterruptionEvent>, ProviderError> {
         self.run(|| self.inner.drain_interruptions()).await
     }
+    async fn price_history(
+        &self,
+        pool: &PoolRef<'_>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Option<Vec<PriceChange>>, ProviderError> {
+        self.run(|| self.inner.price_history(pool, from, to)).await
+    }
 }
 
 /// At most `per_second` calls per second on average, in bursts of up to `burst` (a token
@@ -154,6 +166,15 @@ impl<P: CloudProvider> CloudProvider for RateLimited<P> {
     async fn drain_interruptions(&self) -> Result<Vec<InterruptionEvent>, ProviderError> {
         self.acquire().await;
         self.inner.drain_interruptions().await
+    }
+    async fn price_history(
+        &self,
+        pool: &PoolRef<'_>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Option<Vec<PriceChange>>, ProviderError> {
+        self.acquire().await;
+        self.inner.price_history(pool, from, to).await
     }
 }
 
@@ -224,6 +245,17 @@ impl<P: CloudProvider> CloudProvider for Metered<P> {
         let t = Instant::now();
         let r = self.inner.drain_interruptions().await;
         self.report(self.cloud(), "drain_interruptions", t, &r);
+        r
+    }
+    async fn price_history(
+        &self,
+        pool: &PoolRef<'_>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Option<Vec<PriceChange>>, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.price_history(pool, from, to).await;
+        self.report(self.cloud(), "price_history", t, &r);
         r
     }
 }

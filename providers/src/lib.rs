@@ -72,6 +72,25 @@ impl Offer {
     }
 }
 
+/// A capacity pool: one instance type in one zone on one market (what an [`Offer`] sells).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolRef<'a> {
+    pub region: &'a str,
+    pub zone: &'a str,
+    pub instance_type: &'a str,
+    pub market: Market,
+}
+
+/// A pool's price from a moment on, as the cloud reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriceChange {
+    pub at: DateTime<Utc>,
+    /// What an instance of the pool costs per hour from `at` (the spot price on spot).
+    pub price: Micros,
+    /// The on-demand price of the same instance type in the same region from `at`.
+    pub on_demand_price: Micros,
+}
+
 /// What to buy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProvisionRequest {
@@ -215,6 +234,19 @@ pub trait CloudProvider: Send + Sync {
     /// queue). Clouds without such a stream return nothing; their notices come from the
     /// node agents. A message may be delivered twice; callers deduplicate.
     async fn drain_interruptions(&self) -> Result<Vec<InterruptionEvent>, ProviderError>;
+
+    /// The price of one pool over `[from, to)`: the price in force at `from`, then every change
+    /// before `to`, oldest first. For clouds that publish a price history (AWS
+    /// `DescribeSpotPriceHistory`; the simulated clouds, exactly); `Ok(None)` where the cloud has
+    /// none, and the cost ledger then prices with the prices it polls. Read-only, safe to repeat.
+    async fn price_history(
+        &self,
+        _pool: &PoolRef<'_>,
+        _from: DateTime<Utc>,
+        _to: DateTime<Utc>,
+    ) -> Result<Option<Vec<PriceChange>>, ProviderError> {
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

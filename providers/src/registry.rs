@@ -222,6 +222,14 @@ impl<P: CloudProvider> CloudProvider for ArcProvider<P> {
     ) -> Result<Vec<crate::InterruptionEvent>, crate::ProviderError> {
         self.0.drain_interruptions().await
     }
+    async fn price_history(
+        &self,
+        pool: &crate::PoolRef<'_>,
+        from: chrono::DateTime<chrono::Utc>,
+        to: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<Vec<crate::PriceChange>>, crate::ProviderError> {
+        self.0.price_history(pool, from, to).await
+    }
 }
 
 #[cfg(test)]

@@ -8,11 +8,13 @@ pub mod extract;
 pub mod problem;
 
 mod cluster;
+mod finance;
 mod health;
 mod jobs;
 mod openapi;
 mod teams;
 mod tokens;
+mod webhooks;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,9 +34,10 @@ pub use openapi::ApiDoc;
 use problem::ApiError;
 
 use crate::clock::SharedClock;
-use crate::config::ServerConfig;
+use crate::config::{FinanceSettings, ServerConfig, WebhookSettings};
 use crate::metrics::{HttpLabels, Metrics};
 use crate::store::{Principal, Store};
+use crate::webhooks::sender::Sender;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -49,6 +52,10 @@ struct Inner {
     ready: AtomicBool,
     max_body_bytes: usize,
     request_timeout: Duration,
+    finance: FinanceSettings,
+    webhooks: WebhookSettings,
+    /// The webhook HTTP client, or why it could not be built.
+    sender: Result<Arc<Sender>, String>,
 }
 
 impl AppState {
@@ -61,8 +68,46 @@ impl AppState {
                 ready: AtomicBool::new(false),
                 max_body_bytes: server.max_body_bytes,
                 request_timeout: server.request_timeout,
+                finance: FinanceSettings::default(),
+                webhooks: WebhookSettings::default(),
+                sender: Sender::new(&WebhookSettings::default())
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string()),
             }),
         }
+    }
+
+    /// Sets the finance settings (before the state is shared).
+    pub fn with_finance(mut self, finance: FinanceSettings) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.finance = finance;
+        }
+        self
+    }
+
+    /// Sets the webhook settings and the client deliveries and pings are sent with.
+    pub fn with_webhooks(mut self, settings: WebhookSettings, sender: Arc<Sender>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.webhooks = settings;
+            inner.sender = Ok(sender);
+        }
+        self
+    }
+
+    pub fn webhook_settings(&self) -> &WebhookSettings {
+        &self.inner.webhooks
+    }
+
+    pub fn webhook_sender(&self) -> Result<Arc<Sender>, String> {
+        self.inner.sender.clone()
+    }
+
+    pub fn clock(&self) -> SharedClock {
+        self.inner.clock.clone()
+    }
+
+    pub fn finance(&self) -> &FinanceSettings {
+        &self.inner.finance
     }
 
     pub fn max_body_bytes(&self) -> usize {
@@ -119,6 +164,25 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}/events", get(jobs::job_events))
         .route("/nodes", get(cluster::list_nodes))
         .route("/offers", get(cluster::list_offers))
+        .route("/webhooks", post(webhooks::create).get(webhooks::list))
+        .route(
+            "/webhooks/{id}",
+            get(webhooks::get)
+                .patch(webhooks::update)
+                .delete(webhooks::delete),
+        )
+        .route(
+            "/webhooks/{id}/rotate-secret",
+            post(webhooks::rotate_secret),
+        )
+        .route("/webhooks/{id}/ping", post(webhooks::send_ping))
+        .route("/webhooks/{id}/deliveries", get(webhooks::deliveries))
+        .route("/finance/summary", get(finance::summary))
+        .route("/finance/export.csv", get(finance::export_csv))
+        .route(
+            "/teams/{team}/budget",
+            get(finance::get_budget).put(finance::put_budget),
+        )
         .route("/openapi.json", get(openapi::openapi_json));
     let max_body = state.inner.max_body_bytes;
     Router::new()

@@ -5,7 +5,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::problem::Problem;
-use super::{cluster, jobs, teams, tokens};
+use super::{cluster, finance, jobs, teams, tokens, webhooks};
 use crate::model::{Gpu, Job, JobEvent, Node, Offer, Role, Team, Token};
 
 #[derive(OpenApi)]
@@ -21,14 +21,24 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         tokens::create_team_token, tokens::list_team_tokens, tokens::create_token, tokens::list_tokens, tokens::revoke_token,
         jobs::submit_job, jobs::list_jobs, jobs::get_job, jobs::cancel_job, jobs::job_events,
         cluster::list_nodes, cluster::list_offers,
+        finance::summary, finance::export_csv, finance::get_budget, finance::put_budget,
+        webhooks::create, webhooks::list, webhooks::get, webhooks::update, webhooks::delete,
+        webhooks::rotate_secret, webhooks::send_ping, webhooks::deliveries,
     ),
-    components(schemas(Problem, Team, Token, Role, Job, JobEvent, Node, Gpu, Offer)),
+    components(schemas(Problem, Team, Token, Role, Job, JobEvent, Node, Gpu, Offer,
+        crate::finance::summary::Summary, crate::finance::summary::SummaryRow,
+        crate::finance::summary::Figures, crate::finance::summary::GroupBy, finance::Budget,
+        crate::model::Subscription, crate::model::Delivery, webhooks::CreateWebhook,
+        webhooks::UpdateWebhook, webhooks::RotateSecret, webhooks::WebhookWithSecret,
+        webhooks::PingResult)),
     modifiers(&BearerAuth),
     tags(
         (name = "teams", description = "Teams, their fair-share weights and quotas"),
         (name = "tokens", description = "API tokens"),
         (name = "jobs", description = "Submitting and following GPU jobs"),
         (name = "cluster", description = "Nodes and the capacity on offer"),
+        (name = "webhooks", description = "Endpoints that receive job, node and budget events, signed per Standard Webhooks"),
+        (name = "finance", description = "The cost ledger: summaries, CSV and FOCUS exports, budgets"),
     )
 )]
 pub struct ApiDoc;

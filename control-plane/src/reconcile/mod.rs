@@ -2,4 +2,6 @@
 //! Only the leader replica runs them (see `store::leader`).
 
 pub mod capacity;
+pub mod ledger;
 pub mod scheduling;
+pub mod webhooks;

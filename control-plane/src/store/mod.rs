@@ -21,6 +21,7 @@
 //! `synchronous = NORMAL`: a crash of the process loses nothing committed, a power cut may lose
 //! the last transactions. On PostgreSQL one pool does both.
 
+mod finance;
 mod jobs;
 mod leader;
 mod nodes;
@@ -29,6 +30,7 @@ mod scheduling;
 mod submit;
 mod teams;
 mod tokens;
+mod webhooks;
 
 pub mod entity;
 
@@ -51,6 +53,7 @@ use spotplane_migrations::MigratorTrait;
 use crate::config::{DatabaseConfig, DatabaseKind};
 use crate::metrics::Metrics;
 
+pub use finance::{LivePool, TeamBudget};
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
 pub use leader::Leadership;
 pub use nodes::{NewGpu, NewNode};
@@ -58,6 +61,7 @@ pub use outbox::OutboxEvent;
 pub use scheduling::{SpecCache, wait_text};
 pub use teams::{NewTeam, TeamPatch};
 pub use tokens::{Bootstrap, NewToken, Principal, generate_secret, hash_secret};
+pub use webhooks::{DueDelivery, NewSubscription, SubscriptionPatch};
 
 /// What can go wrong in the store, for callers to branch on.
 #[derive(Debug, thiserror::Error)]

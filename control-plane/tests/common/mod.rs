@@ -41,6 +41,9 @@ impl TestDb {
         config.log.level = "warn".into();
         // API tests drive the store themselves; scheduling tests run cycles explicitly.
         config.scheduler.enabled = false;
+        // Webhook and ledger tests run their loops explicitly too.
+        config.webhooks.enabled = false;
+        config.finance.enabled = false;
         match backend {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().expect("tempdir");
@@ -99,7 +102,19 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(backend: Backend) -> TestServer {
-        let db = TestDb::new(backend);
+        Self::start_with(backend, |_| {}).await
+    }
+
+    /// Starts a server on a fresh database whose configuration `tweak` has changed.
+    pub async fn start_with(backend: Backend, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        let mut db = TestDb::new(backend);
+        tweak(&mut db.config);
+        Self::start_on(db).await
+    }
+
+    /// Starts a server on an existing test database (a restart, when one ran on it before).
+    pub async fn start_on(db: TestDb) -> TestServer {
+        let backend = db.backend;
         let server = Server::start(
             &db.config,
             Arc::new(SystemClock),
@@ -126,6 +141,12 @@ impl TestServer {
     pub async fn stop(self) {
         self.server.shutdown().await.expect("clean shutdown");
         self.db.cleanup().await;
+    }
+
+    /// Stops the server and hands its database back, for a restart on it.
+    pub async fn stop_keeping_data(self) -> TestDb {
+        self.server.shutdown().await.expect("clean shutdown");
+        self.db
     }
 
     pub fn store(&self) -> &spotplane::store::Store {

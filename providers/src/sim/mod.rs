@@ -24,13 +24,13 @@ use chrono::{DateTime, Duration, Utc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use spotplane_core::{Cloud, Market, Micros, NodeId};
+use spotplane_core::{Cloud, Market, Micros, NodeId, PriceMillis};
 
 use crate::catalog::CatalogRow;
 use crate::clock::SharedClock;
 use crate::{
-    CloudProvider, Instance, InstanceState, InterruptionEvent, InterruptionKind, Offer,
-    ProviderError, ProvisionRequest,
+    CloudProvider, Instance, InstanceState, InterruptionEvent, InterruptionKind, Offer, PoolRef,
+    PriceChange, ProviderError, ProvisionRequest,
 };
 pub use traces::{SimTraces, Trace};
 
@@ -129,6 +129,8 @@ pub struct SimNotice {
 struct State {
     rng: StdRng,
     instances: BTreeMap<String, SimInstance>,
+    /// Instances forgotten an hour after they went, kept for their bills.
+    gone: Vec<SimInstance>,
     by_token: HashMap<String, String>,
     events: Vec<InterruptionEvent>,
     next_id: u64,
@@ -251,6 +253,7 @@ impl SimCloud {
             state: Mutex::new(State {
                 rng,
                 instances: BTreeMap::new(),
+                gone: Vec::new(),
                 by_token: HashMap::new(),
                 events: Vec::new(),
                 next_id: 1,
@@ -401,8 +404,17 @@ impl SimCloud {
         st.quiet_until = Some(next_event.map_or(st.next_prune, |e| e.min(st.next_prune)));
         let horizon = now - Duration::hours(1);
         let before = st.instances.len();
-        st.instances
-            .retain(|_, i| i.terminated_at.is_none_or(|t| t > horizon));
+        let forgotten: Vec<String> = st
+            .instances
+            .values()
+            .filter(|i| i.terminated_at.is_some_and(|t| t <= horizon))
+            .map(|i| i.id.clone())
+            .collect();
+        for id in forgotten {
+            if let Some(inst) = st.instances.remove(&id) {
+                st.gone.push(inst);
+            }
+        }
         if st.instances.len() != before {
             let State {
                 instances,
@@ -536,6 +548,132 @@ impl SimCloud {
         st.instances.values().for_each(&mut f);
     }
 
+    /// The catalog row selling `instance_type` in `zone`.
+    fn row_of(&self, zone: &str, instance_type: &str) -> Option<usize> {
+        self.catalog
+            .iter()
+            .position(|r| *r.zone == *zone && *r.instance_type == *instance_type)
+    }
+
+    /// What an instance of row `i` on `market` costs per hour at `t`, and the on-demand price.
+    fn price_at(&self, i: usize, market: Market, t: DateTime<Utc>) -> Option<(Micros, Micros)> {
+        let on_demand = self.on_demand_price(i, t);
+        match market {
+            Market::OnDemand => Some((on_demand, on_demand)),
+            Market::Spot => self.spot_price(i, t).map(|p| (p, on_demand)),
+        }
+    }
+
+    /// The price of row `i` on `market` in force at `from`, then every change before `to`.
+    /// Prices move only at the ticks of the trace that moves them and, where a price history
+    /// applies (GCP), at UTC midnights: those are the only moments looked at.
+    fn price_path(
+        &self,
+        i: usize,
+        market: Market,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Option<Vec<PriceChange>> {
+        let (price, on_demand_price) = self.price_at(i, market, from)?;
+        let mut out = vec![PriceChange {
+            at: from,
+            price,
+            on_demand_price,
+        }];
+        let mut moments: Vec<DateTime<Utc>> = Vec::new();
+        if self.row_prices[i].history.is_some() {
+            let mut day = from.date_naive();
+            loop {
+                day = match day.succ_opt() {
+                    Some(d) => d,
+                    None => break,
+                };
+                let at = day.and_time(chrono::NaiveTime::MIN).and_utc();
+                if at >= to {
+                    break;
+                }
+                moments.push(at);
+            }
+        }
+        if market == Market::Spot
+            && let Some(pool) = self.row_prices[i].movement
+        {
+            let gap = i64::from(self.traces.availability[pool.0].gap_s.max(1));
+            let secs = (from - self.epoch).num_seconds().max(0);
+            let mut n = secs / gap + 1;
+            loop {
+                let at = self.epoch + Duration::seconds(n * gap);
+                if at >= to {
+                    break;
+                }
+                if at > from {
+                    moments.push(at);
+                }
+                n += 1;
+            }
+        }
+        moments.sort_unstable();
+        moments.dedup();
+        for at in moments {
+            let Some((price, on_demand_price)) = self.price_at(i, market, at) else {
+                continue;
+            };
+            let last = out[out.len() - 1];
+            if (price, on_demand_price) != (last.price, last.on_demand_price) {
+                out.push(PriceChange {
+                    at,
+                    price,
+                    on_demand_price,
+                });
+            }
+        }
+        Some(out)
+    }
+
+    /// What the cloud charges for every instance it ever ran, from its launch to its end (or
+    /// now): the price in force over each moment, summed exactly and rounded to the
+    /// micro-dollar once per instance, as the bill of a real cloud would be.
+    pub fn bills(&self) -> Vec<InstanceBill> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.advance(&mut st, now);
+        let all: Vec<SimInstance> = st
+            .gone
+            .iter()
+            .chain(st.instances.values())
+            .cloned()
+            .collect();
+        drop(st);
+        all.iter()
+            .filter_map(|inst| self.bill_of(inst, now))
+            .collect()
+    }
+
+    fn bill_of(&self, inst: &SimInstance, now: DateTime<Utc>) -> Option<InstanceBill> {
+        let i = self.row_of(&inst.zone, &inst.instance_type)?;
+        let from = inst.launched_at;
+        let to = inst.terminated_at.map_or(now, |t| t.min(now)).max(from);
+        let path = self.price_path(i, inst.market, from, to)?;
+        let (mut cost, mut list) = (PriceMillis::default(), PriceMillis::default());
+        for (k, p) in path.iter().enumerate() {
+            let end = path.get(k + 1).map_or(to, |n| n.at);
+            let ms = (end - p.at).num_milliseconds();
+            cost.add(p.price, ms);
+            list.add(p.on_demand_price, ms);
+        }
+        Some(InstanceBill {
+            provider_id: inst.id.clone(),
+            node_id: inst.node_id,
+            zone: inst.zone.to_string(),
+            instance_type: inst.instance_type.to_string(),
+            market: inst.market,
+            from,
+            to,
+            cost: Micros::from_price_millis(cost),
+            on_demand_cost: Micros::from_price_millis(list),
+        })
+    }
+
     /// Every instance the cloud knows, for inspection.
     pub fn instances(&self) -> Vec<SimInstance> {
         let now = self.clock.now();
@@ -543,6 +681,22 @@ impl SimCloud {
         self.advance(&mut st, now);
         st.instances.values().cloned().collect()
     }
+}
+
+/// What a simulated cloud charges for one instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InstanceBill {
+    pub provider_id: String,
+    pub node_id: Option<NodeId>,
+    pub zone: String,
+    pub instance_type: String,
+    pub market: Market,
+    /// Billed from launch to termination (or now).
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub cost: Micros,
+    /// The same time at the on-demand price.
+    pub on_demand_cost: Micros,
 }
 
 /// The node id as a name part: GCE names and Azure VM names allow lowercase letters, digits
@@ -728,6 +882,33 @@ impl CloudProvider for SimCloud {
         self.advance(&mut st, now);
         self.inject(&mut st)?;
         Ok(std::mem::take(&mut st.events))
+    }
+
+    /// Exact: the simulated prices are functions of the clock, so the history is the path.
+    async fn price_history(
+        &self,
+        pool: &PoolRef<'_>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Option<Vec<PriceChange>>, ProviderError> {
+        {
+            let mut st = self.lock();
+            self.inject(&mut st)?;
+        }
+        let i = self.row_of(pool.zone, pool.instance_type).ok_or_else(|| {
+            ProviderError::NotFound(format!(
+                "{} is not sold in {}",
+                pool.instance_type, pool.zone
+            ))
+        })?;
+        self.price_path(i, pool.market, from, to.max(from))
+            .map(Some)
+            .ok_or_else(|| {
+                ProviderError::NotFound(format!(
+                    "{} has no {} market in {}",
+                    pool.instance_type, pool.market, pool.zone
+                ))
+            })
     }
 }
 

@@ -330,3 +330,109 @@ async fn azure_notices_can_be_acknowledged_early() {
         Some(InstanceState::Terminated)
     );
 }
+
+/// A trace whose recorded prices move every tick: 1, 1, 2, 2, 3 (relative to their mean).
+fn moving_traces() -> Arc<SimTraces> {
+    Arc::new(SimTraces {
+        availability: vec![Trace::new(
+            "moving",
+            60,
+            vec![0; 5],
+            Some(vec![1.0, 1.0, 2.0, 2.0, 3.0]),
+        )],
+        gcp_prices: BTreeMap::new(),
+    })
+}
+
+#[tokio::test]
+async fn the_price_history_is_the_path_list_offers_follows() {
+    let start = Utc
+        .with_ymd_and_hms(2026, 11, 30, 0, 0, 0)
+        .single()
+        .expect("time");
+    let clock = ManualClock::new(start);
+    let sim = SimCloud::new(
+        SimConfig::new(Cloud::Aws, 3),
+        vec![row("p3.2xlarge", "us-east-1a")],
+        moving_traces(),
+        Arc::new(clock.clone()),
+    );
+    let pool = crate::PoolRef {
+        region: "us-east-1",
+        zone: "us-east-1a",
+        instance_type: "p3.2xlarge",
+        market: Market::Spot,
+    };
+    let to = start + Duration::minutes(30);
+    let path = sim
+        .price_history(&pool, start, to)
+        .await
+        .expect("answers")
+        .expect("the sim has a history");
+    assert_eq!(path[0].at, start);
+    assert!(path.len() > 3, "the price moves: {path:?}");
+    assert!(
+        path.windows(2)
+            .all(|w| w[0].at < w[1].at && w[0].price != w[1].price)
+    );
+    // At every second of the span, the offer's price is the last change at or before it.
+    for s in (0..1800).step_by(7) {
+        clock.set(start + Duration::seconds(s));
+        let now = clock.now();
+        let offered = sim
+            .list_offers()
+            .await
+            .expect("offers")
+            .into_iter()
+            .find(|o| o.market == Market::Spot)
+            .expect("spot offer")
+            .price;
+        let in_force = path
+            .iter()
+            .rev()
+            .find(|p| p.at <= now)
+            .expect("a price")
+            .price;
+        assert_eq!(offered, in_force, "at {now}");
+    }
+    let on_demand = crate::PoolRef {
+        market: Market::OnDemand,
+        ..pool
+    };
+    let flat = sim
+        .price_history(&on_demand, start, to)
+        .await
+        .expect("answers")
+        .expect("history");
+    assert_eq!(flat.len(), 1, "on-demand does not move: {flat:?}");
+    assert_eq!(flat[0].price, Micros::parse_usd("3.06").expect("price"));
+}
+
+#[tokio::test]
+async fn an_instance_is_billed_from_launch_to_its_end_at_the_prices_in_force() {
+    let start = Utc
+        .with_ymd_and_hms(2026, 11, 30, 0, 0, 0)
+        .single()
+        .expect("time");
+    let clock = ManualClock::new(start);
+    let sim = SimCloud::new(
+        SimConfig::new(Cloud::Aws, 3),
+        vec![row("p3.2xlarge", "us-east-1a")],
+        moving_traces(),
+        Arc::new(clock.clone()),
+    );
+    clock.advance(Duration::seconds(30));
+    let req = request(&sim, Market::OnDemand, "bill").await;
+    let inst = sim.provision(&req).await.expect("provisioned");
+    clock.advance(Duration::minutes(90));
+    sim.terminate(&inst.provider_id).await.expect("terminated");
+    // Forgotten an hour later, still billed.
+    clock.advance(Duration::hours(3));
+    let bills = sim.bills();
+    assert_eq!(bills.len(), 1);
+    let b = &bills[0];
+    assert_eq!(b.to - b.from, Duration::minutes(90));
+    // $3.06/h on demand for 1.5 h.
+    assert_eq!(b.cost, Micros(4_590_000));
+    assert_eq!(b.on_demand_cost, b.cost);
+}

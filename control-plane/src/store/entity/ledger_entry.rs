@@ -19,6 +19,7 @@ pub struct Model {
     pub cost_micros: i64,
     pub list_cost_micros: i64,
     pub created_at: DateTimeUtc,
+    pub attempt: Option<i32>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

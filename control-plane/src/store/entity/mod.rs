@@ -8,13 +8,17 @@
 pub mod allocation;
 pub mod api_token;
 pub mod checkpoint;
+pub mod cursor;
 pub mod gpu;
 pub mod job;
 pub mod job_event;
 pub mod ledger_entry;
+pub mod ledger_progress;
 pub mod node;
 pub mod offer;
 pub mod outbox;
+pub mod price_point;
 pub mod team;
+pub mod team_budget;
 pub mod webhook_delivery;
 pub mod webhook_subscription;

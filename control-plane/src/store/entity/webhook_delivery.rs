@@ -14,6 +14,11 @@ pub struct Model {
     pub last_error: Option<String>,
     pub created_at: DateTimeUtc,
     pub delivered_at: Option<DateTimeUtc>,
+    pub event_type: Option<String>,
+    /// Deliveries with the same subject (a job) go out in outbox order.
+    pub subject: Option<String>,
+    pub latency_ms: Option<i64>,
+    pub last_attempt_at: Option<DateTimeUtc>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

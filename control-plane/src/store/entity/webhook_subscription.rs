@@ -12,6 +12,13 @@ pub struct Model {
     pub enabled: bool,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
+    /// The secret before the last rotation, still signed with until `previous_secret_until`.
+    pub previous_secret: Option<String>,
+    pub previous_secret_until: Option<DateTimeUtc>,
+    /// Since when every attempt failed (cleared by a success).
+    pub failing_since: Option<DateTimeUtc>,
+    pub disabled_reason: Option<String>,
+    pub description: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -1,0 +1,213 @@
+//! The webhook delivery loop: fan new outbox events out into deliveries, then attempt the
+//! deliveries that are due, a bounded number at once, recording each attempt.
+//!
+//! Each attempt is signed afresh (a new `webhook-timestamp`; the same `webhook-id` and body),
+//! with the previous secret too while a rotation overlaps. Only the leader delivers. Because
+//! every delivery's state is in the store and an attempt is recorded only after it is made,
+//! a crash between the two means the attempt is made again: at least once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SharedClock;
+use crate::config::WebhookSettings;
+use crate::store::{DueDelivery, Store, StoreError};
+use crate::webhooks::retry::{self, Next, Outcome, RetryPolicy};
+use crate::webhooks::sender::{Message, Sender};
+use crate::webhooks::signing::signature_header;
+use crate::webhooks::{EventType, body};
+
+/// What one cycle did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryReport {
+    pub events: usize,
+    pub attempted: usize,
+    pub delivered: usize,
+    pub failed: usize,
+}
+
+pub struct WebhookLoop {
+    store: Store,
+    clock: SharedClock,
+    sender: Arc<Sender>,
+    settings: WebhookSettings,
+}
+
+impl WebhookLoop {
+    pub fn new(
+        store: Store,
+        clock: SharedClock,
+        sender: Arc<Sender>,
+        settings: WebhookSettings,
+    ) -> Self {
+        WebhookLoop {
+            store,
+            clock,
+            sender,
+            settings,
+        }
+    }
+
+    pub fn policy(&self) -> RetryPolicy {
+        policy_of(&self.settings)
+    }
+
+    /// One cycle: fan out, then attempt what is due.
+    pub async fn run_once(&self) -> Result<DeliveryReport, StoreError> {
+        let mut report = DeliveryReport::default();
+        let gap = chrono::Duration::from_std(self.settings.gap_wait).unwrap_or_default();
+        loop {
+            let n = self
+                .store
+                .webhook_fan_out(self.clock.now(), gap, 500)
+                .await?;
+            report.events += n;
+            if n < 500 {
+                break;
+            }
+        }
+        // A delivery made may let the next event of the same job go: a few rounds per cycle.
+        for _ in 0..8 {
+            let due = self
+                .store
+                .due_deliveries(self.clock.now(), 4 * self.settings.concurrency as u64)
+                .await?;
+            if due.is_empty() {
+                break;
+            }
+            let results: Vec<Result<Option<bool>, StoreError>> = futures::stream::iter(due)
+                .map(|d| self.attempt(d))
+                .buffer_unordered(self.settings.concurrency.max(1))
+                .collect()
+                .await;
+            let mut delivered = 0;
+            for r in results {
+                match r? {
+                    Some(true) => delivered += 1,
+                    Some(false) => report.failed += 1,
+                    None => {}
+                }
+                report.attempted += 1;
+            }
+            report.delivered += delivered;
+            if delivered == 0 {
+                break;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Makes one attempt and records it; `Some(delivered)` when it was recorded.
+    async fn attempt(&self, d: DueDelivery) -> Result<Option<bool>, StoreError> {
+        let outcome = send(&self.sender, &self.clock, &d).await;
+        let now = self.clock.now();
+        let next = retry::next(
+            &self.policy(),
+            &outcome,
+            d.attempts + 1,
+            d.event_at,
+            now,
+            rand::random::<f64>(),
+        );
+        if !outcome.delivered() {
+            tracing::debug!(delivery = %d.id, url = %d.url, error = ?outcome.error, ?next, "webhook attempt failed");
+        }
+        let recorded = self
+            .store
+            .record_attempt(&d, &outcome, next, &self.policy(), now)
+            .await?;
+        Ok(recorded.then_some(next == Next::Delivered))
+    }
+
+    /// Runs cycles every `settings.interval` until cancelled, while this replica leads.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(self.settings.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut leader = None;
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if leader.is_none() {
+                match self.store.try_lead().await {
+                    Ok(Some(l)) => leader = Some(l),
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot take leadership");
+                        continue;
+                    }
+                }
+            }
+            if let Some(l) = &mut leader
+                && !l.still_held().await
+            {
+                leader = None;
+                continue;
+            }
+            let cycle = tokio::select! {
+                () = cancel.cancelled() => return,
+                r = self.run_once() => r,
+            };
+            match cycle {
+                Ok(r) if r.attempted > 0 => tracing::debug!(?r, "webhook cycle"),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhook cycle failed; retrying next tick");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+/// The retry policy of the settings.
+pub fn policy_of(s: &WebhookSettings) -> RetryPolicy {
+    RetryPolicy {
+        base: s.retry_base,
+        max: s.retry_max,
+        retry_for: s.retry_for,
+        disable_after: s.disable_after,
+    }
+}
+
+/// Signs and sends one attempt of a delivery, at the clock's time.
+pub async fn send(sender: &Sender, clock: &SharedClock, d: &DueDelivery) -> Outcome {
+    let now = clock.now();
+    let bytes = body(d.event_type, d.event_at, d.outbox_id, &d.payload);
+    let timestamp = now.timestamp();
+    let signature = signature_header(&d.secrets(now), &d.id, timestamp, &bytes);
+    sender
+        .send(&Message {
+            url: &d.url,
+            id: &d.id,
+            timestamp,
+            signature: &signature,
+            body: &bytes,
+        })
+        .await
+}
+
+/// A ping: sent now, recorded, never retried.
+pub async fn ping(
+    store: &Store,
+    sender: &Sender,
+    clock: &SharedClock,
+    settings: &WebhookSettings,
+    d: &DueDelivery,
+) -> Result<Outcome, StoreError> {
+    debug_assert_eq!(d.event_type, EventType::Ping);
+    let outcome = send(sender, clock, d).await;
+    let next = if outcome.delivered() {
+        Next::Delivered
+    } else {
+        Next::GiveUp
+    };
+    store
+        .record_attempt(d, &outcome, next, &policy_of(settings), clock.now())
+        .await?;
+    Ok(outcome)
+}

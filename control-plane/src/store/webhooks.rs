@@ -1,0 +1,758 @@
+//! Webhook subscriptions and deliveries.
+//!
+//! Delivery state lives here, not in memory: a delivery row per (subscription, outbox event)
+//! is made by the fan-out (which follows the outbox with a stored cursor), and every attempt
+//! is recorded on it in one transaction with its consequences (the endpoint's failure streak,
+//! disabling it, the `webhook.disabled` event). A control plane that restarts finds every
+//! pending delivery where it was and carries on: at least once, never lost.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set, TransactionTrait,
+};
+use serde_json::{Value, json};
+
+use super::entity::{allocation, job, outbox, team, webhook_delivery, webhook_subscription};
+use super::finance::get_cursor;
+use super::{Store, StoreError, from_json, new_uuid, parse_col};
+use crate::model::{Delivery, Page, Subscription};
+use crate::webhooks::EventType;
+use crate::webhooks::retry::{Next, Outcome, RetryPolicy, should_disable};
+use crate::webhooks::signing::Secret;
+
+const FAN_OUT_CURSOR: &str = "webhooks.outbox";
+
+/// A subscription to create; validated by the caller.
+#[derive(Debug, Clone)]
+pub struct NewSubscription {
+    pub team_id: String,
+    pub url: String,
+    pub event_types: Vec<EventType>,
+    pub description: Option<String>,
+    pub secret: Secret,
+}
+
+/// Changes to a subscription; `None` leaves a field alone.
+#[derive(Debug, Clone, Default)]
+pub struct SubscriptionPatch {
+    pub url: Option<String>,
+    pub event_types: Option<Vec<EventType>>,
+    pub description: Option<Option<String>>,
+    pub enabled: Option<bool>,
+}
+
+/// A delivery due now, with everything an attempt needs.
+#[derive(Debug, Clone)]
+pub struct DueDelivery {
+    pub id: String,
+    pub subscription_id: String,
+    pub url: String,
+    pub secret: Secret,
+    /// The rotated-out secret and until when it still signs.
+    pub previous: Option<(Secret, DateTime<Utc>)>,
+    /// Attempts made so far.
+    pub attempts: u32,
+    pub event_type: EventType,
+    pub outbox_id: i64,
+    pub event_at: DateTime<Utc>,
+    pub payload: Value,
+}
+
+impl DueDelivery {
+    /// The secrets to sign with at `now`: the current one, and the previous during overlap.
+    pub fn secrets(&self, now: DateTime<Utc>) -> Vec<&Secret> {
+        let mut v = vec![&self.secret];
+        if let Some((s, until)) = &self.previous
+            && *until > now
+        {
+            v.push(s);
+        }
+        v
+    }
+}
+
+fn event_types_of(row: &webhook_subscription::Model) -> Result<Vec<String>, StoreError> {
+    from_json("webhook_subscriptions", &row.id, row.event_types.clone())
+}
+
+fn subscription_from_row(
+    row: webhook_subscription::Model,
+    team_name: &str,
+) -> Result<Subscription, StoreError> {
+    Ok(Subscription {
+        team: parse_col("teams", &row.team_id, team_name)?,
+        event_types: event_types_of(&row)?,
+        id: row.id,
+        url: row.url,
+        description: row.description,
+        enabled: row.enabled,
+        disabled_reason: row.disabled_reason,
+        failing_since: row.failing_since,
+        previous_secret_until: row.previous_secret_until,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+    })
+}
+
+fn delivery_from_row(r: webhook_delivery::Model) -> Delivery {
+    Delivery {
+        id: r.id,
+        event_id: r.outbox_id,
+        event_type: r.event_type,
+        state: r.state,
+        attempts: u32::try_from(r.attempts).unwrap_or(0),
+        last_status: r.last_status.and_then(|s| u16::try_from(s).ok()),
+        last_error: r.last_error,
+        latency_ms: r.latency_ms,
+        created_at: r.created_at,
+        last_attempt_at: r.last_attempt_at,
+        next_attempt_at: r.next_attempt_at,
+        delivered_at: r.delivered_at,
+    }
+}
+
+fn parse_secret(row_id: &str, s: &str) -> Result<Secret, StoreError> {
+    Secret::parse(s).map_err(|e| StoreError::corrupt("webhook_subscriptions", row_id, e))
+}
+
+impl Store {
+    async fn team_name(&self, team_id: &str) -> Result<String, StoreError> {
+        team::Entity::find_by_id(team_id.to_owned())
+            .one(&self.read)
+            .await?
+            .map(|t| t.name)
+            .ok_or_else(|| StoreError::NotFound(format!("team {team_id}")))
+    }
+
+    async fn subscription_row<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        id: &str,
+        team_id: Option<&str>,
+    ) -> Result<webhook_subscription::Model, StoreError> {
+        let mut q = webhook_subscription::Entity::find_by_id(id.to_owned());
+        if let Some(t) = team_id {
+            q = q.filter(webhook_subscription::Column::TeamId.eq(t));
+        }
+        q.one(conn)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("webhook {id}")))
+    }
+
+    pub async fn create_subscription(
+        &self,
+        new: NewSubscription,
+        now: DateTime<Utc>,
+    ) -> Result<Subscription, StoreError> {
+        let row = self
+            .measured("create_subscription", || async {
+                let types: Vec<&str> = new.event_types.iter().map(|t| t.as_str()).collect();
+                Ok(webhook_subscription::ActiveModel {
+                    id: Set(new_uuid(now).to_string()),
+                    team_id: Set(new.team_id.clone()),
+                    url: Set(new.url.clone()),
+                    secret: Set(new.secret.expose()),
+                    event_types: Set(json!(types)),
+                    enabled: Set(true),
+                    created_at: Set(now),
+                    updated_at: Set(now),
+                    previous_secret: Set(None),
+                    previous_secret_until: Set(None),
+                    failing_since: Set(None),
+                    disabled_reason: Set(None),
+                    description: Set(new.description.clone()),
+                }
+                .insert(&self.write)
+                .await?)
+            })
+            .await?;
+        let name = self.team_name(&row.team_id).await?;
+        subscription_from_row(row, &name)
+    }
+
+    /// Subscriptions, newest first; one team's when `team_id` is given.
+    pub async fn list_subscriptions(
+        &self,
+        team_id: Option<&str>,
+    ) -> Result<Vec<Subscription>, StoreError> {
+        self.measured("list_subscriptions", || async {
+            let mut q = webhook_subscription::Entity::find()
+                .order_by_desc(webhook_subscription::Column::Id);
+            if let Some(t) = team_id {
+                q = q.filter(webhook_subscription::Column::TeamId.eq(t));
+            }
+            let names: HashMap<String, String> = team::Entity::find()
+                .select_only()
+                .columns([team::Column::Id, team::Column::Name])
+                .into_tuple::<(String, String)>()
+                .all(&self.read)
+                .await?
+                .into_iter()
+                .collect();
+            q.all(&self.read)
+                .await?
+                .into_iter()
+                .map(|r| {
+                    let name = names.get(&r.team_id).cloned().unwrap_or_default();
+                    subscription_from_row(r, &name)
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// A subscription; `NotFound` also when it belongs to another team than `team_id`.
+    pub async fn get_subscription(
+        &self,
+        id: &str,
+        team_id: Option<&str>,
+    ) -> Result<Subscription, StoreError> {
+        let row = self
+            .measured("get_subscription", || async {
+                self.subscription_row(&self.read, id, team_id).await
+            })
+            .await?;
+        let name = self.team_name(&row.team_id).await?;
+        subscription_from_row(row, &name)
+    }
+
+    /// Changes a subscription. Enabling it again clears its failure streak, and its pending
+    /// deliveries go out (retried from now).
+    pub async fn update_subscription(
+        &self,
+        id: &str,
+        team_id: Option<&str>,
+        patch: SubscriptionPatch,
+        now: DateTime<Utc>,
+    ) -> Result<Subscription, StoreError> {
+        self.measured("update_subscription", || async {
+            let txn = self.write.begin().await?;
+            let row = self.subscription_row(&txn, id, team_id).await?;
+            let mut m: webhook_subscription::ActiveModel = row.clone().into();
+            if let Some(u) = &patch.url {
+                m.url = Set(u.clone());
+            }
+            if let Some(t) = &patch.event_types {
+                let types: Vec<&str> = t.iter().map(|t| t.as_str()).collect();
+                m.event_types = Set(json!(types));
+            }
+            if let Some(d) = &patch.description {
+                m.description = Set(d.clone());
+            }
+            if let Some(e) = patch.enabled {
+                m.enabled = Set(e);
+                if e && !row.enabled {
+                    m.failing_since = Set(None);
+                    m.disabled_reason = Set(None);
+                    webhook_delivery::Entity::update_many()
+                        .col_expr(webhook_delivery::Column::NextAttemptAt, Expr::value(now))
+                        .filter(webhook_delivery::Column::SubscriptionId.eq(id))
+                        .filter(webhook_delivery::Column::State.eq("pending"))
+                        .exec(&txn)
+                        .await?;
+                }
+            }
+            m.updated_at = Set(now);
+            m.update(&txn).await?;
+            txn.commit().await?;
+            Ok(())
+        })
+        .await?;
+        self.get_subscription(id, team_id).await
+    }
+
+    /// Deletes a subscription and its delivery log.
+    pub async fn delete_subscription(
+        &self,
+        id: &str,
+        team_id: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.measured("delete_subscription", || async {
+            let txn = self.write.begin().await?;
+            self.subscription_row(&txn, id, team_id).await?;
+            webhook_delivery::Entity::delete_many()
+                .filter(webhook_delivery::Column::SubscriptionId.eq(id))
+                .exec(&txn)
+                .await?;
+            webhook_subscription::Entity::delete_by_id(id.to_owned())
+                .exec(&txn)
+                .await?;
+            txn.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Replaces a subscription's secret; the old one still signs until `overlap_until`.
+    pub async fn rotate_secret(
+        &self,
+        id: &str,
+        team_id: Option<&str>,
+        secret: &Secret,
+        overlap_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Subscription, StoreError> {
+        self.measured("rotate_secret", || async {
+            let txn = self.write.begin().await?;
+            let row = self.subscription_row(&txn, id, team_id).await?;
+            let mut m: webhook_subscription::ActiveModel = row.clone().into();
+            m.previous_secret = Set(Some(row.secret.clone()));
+            m.previous_secret_until = Set(Some(overlap_until));
+            m.secret = Set(secret.expose());
+            m.updated_at = Set(now);
+            m.update(&txn).await?;
+            txn.commit().await?;
+            Ok(())
+        })
+        .await?;
+        self.get_subscription(id, team_id).await
+    }
+
+    /// Makes deliveries for outbox events after the fan-out cursor: each event to the enabled
+    /// subscriptions of its team (node notices: of the teams with work on the node then) that
+    /// asked for its type and existed when it happened. A gap in the outbox's ids (a
+    /// transaction not yet committed) is waited for up to `gap_wait`, then skipped. Returns how
+    /// many events were looked at.
+    pub async fn webhook_fan_out(
+        &self,
+        now: DateTime<Utc>,
+        gap_wait: chrono::Duration,
+        limit: u64,
+    ) -> Result<usize, StoreError> {
+        self.measured("webhook_fan_out", || async {
+            let after = get_cursor(&self.read, FAN_OUT_CURSOR).await?;
+            let rows = outbox::Entity::find()
+                .filter(outbox::Column::Id.gt(after))
+                .order_by_asc(outbox::Column::Id)
+                .limit(limit)
+                .all(&self.read)
+                .await?;
+            if rows.is_empty() {
+                return Ok(0);
+            }
+            let txn = self.write.begin().await?;
+            let mut position = after;
+            let mut seen = 0;
+            let subs = webhook_subscription::Entity::find().all(&txn).await?;
+            for r in rows {
+                if r.id != position + 1 && now - r.created_at < gap_wait {
+                    break;
+                }
+                position = r.id;
+                seen += 1;
+                let Some(t) = EventType::of_outbox(&r.kind, &r.payload) else {
+                    continue;
+                };
+                let teams: HashSet<String> = match (&r.team_id, t) {
+                    (Some(team), _) => HashSet::from([team.clone()]),
+                    (None, EventType::NodeNotice) => {
+                        self.teams_on_node(&txn, &r.subject_id, r.created_at)
+                            .await?
+                    }
+                    (None, _) => continue,
+                };
+                let mut rows_to_insert = Vec::new();
+                for s in &subs {
+                    if !teams.contains(&s.team_id) || s.created_at > r.created_at {
+                        continue;
+                    }
+                    let wanted = if t == EventType::Ping {
+                        s.id == r.subject_id
+                    } else {
+                        s.enabled && event_types_of(s)?.iter().any(|e| e == t.as_str())
+                    };
+                    if !wanted {
+                        continue;
+                    }
+                    rows_to_insert.push(webhook_delivery::ActiveModel {
+                        id: Set(new_uuid(now).to_string()),
+                        subscription_id: Set(s.id.clone()),
+                        outbox_id: Set(r.id),
+                        state: Set("pending".into()),
+                        attempts: Set(0),
+                        next_attempt_at: Set(Some(now)),
+                        last_status: Set(None),
+                        last_error: Set(None),
+                        created_at: Set(now),
+                        delivered_at: Set(None),
+                        event_type: Set(Some(t.as_str().to_owned())),
+                        subject: Set(Some(format!("{}:{}", r.subject_kind, r.subject_id))),
+                        latency_ms: Set(None),
+                        last_attempt_at: Set(None),
+                    });
+                }
+                if !rows_to_insert.is_empty() {
+                    webhook_delivery::Entity::insert_many(rows_to_insert)
+                        .on_conflict(
+                            OnConflict::columns([
+                                webhook_delivery::Column::SubscriptionId,
+                                webhook_delivery::Column::OutboxId,
+                            ])
+                            .do_nothing()
+                            .to_owned(),
+                        )
+                        .do_nothing()
+                        .exec(&txn)
+                        .await?;
+                }
+            }
+            if position != after {
+                super::finance::set_cursor_in(&txn, FAN_OUT_CURSOR, position, now).await?;
+            }
+            txn.commit().await?;
+            Ok(seen)
+        })
+        .await
+    }
+
+    /// Teams with work on a node at `at`.
+    async fn teams_on_node<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        node_id: &str,
+        at: DateTime<Utc>,
+    ) -> Result<HashSet<String>, StoreError> {
+        let jobs: Vec<(String, Option<DateTime<Utc>>)> = allocation::Entity::find()
+            .filter(allocation::Column::NodeId.eq(node_id))
+            .filter(allocation::Column::CreatedAt.lte(at))
+            .select_only()
+            .columns([allocation::Column::JobId, allocation::Column::ReleasedAt])
+            .into_tuple()
+            .all(conn)
+            .await?;
+        let live: Vec<String> = jobs
+            .into_iter()
+            .filter(|(_, r)| r.is_none_or(|r| r >= at))
+            .map(|(j, _)| j)
+            .collect();
+        if live.is_empty() {
+            return Ok(HashSet::new());
+        }
+        Ok(job::Entity::find()
+            .filter(job::Column::Id.is_in(live))
+            .select_only()
+            .column(job::Column::TeamId)
+            .into_tuple::<String>()
+            .all(conn)
+            .await?
+            .into_iter()
+            .collect())
+    }
+
+    /// Deliveries due at `now` whose endpoint is enabled and that are first in line for their
+    /// subject (a job's events go out in order: a later one waits while an earlier one is
+    /// pending), oldest event first, at most `limit`.
+    pub async fn due_deliveries(
+        &self,
+        now: DateTime<Utc>,
+        limit: u64,
+    ) -> Result<Vec<DueDelivery>, StoreError> {
+        self.measured("due_deliveries", || async {
+            let candidates = webhook_delivery::Entity::find()
+                .filter(webhook_delivery::Column::State.eq("pending"))
+                .filter(webhook_delivery::Column::NextAttemptAt.lte(now))
+                .order_by_asc(webhook_delivery::Column::OutboxId)
+                .limit(limit * 4)
+                .all(&self.read)
+                .await?;
+            if candidates.is_empty() {
+                return Ok(Vec::new());
+            }
+            let sub_ids: Vec<String> = candidates
+                .iter()
+                .map(|d| d.subscription_id.clone())
+                .collect::<HashSet<_>>()
+                .into_iter()
+                .collect();
+            let subs: HashMap<String, webhook_subscription::Model> =
+                webhook_subscription::Entity::find()
+                    .filter(webhook_subscription::Column::Id.is_in(sub_ids.clone()))
+                    .all(&self.read)
+                    .await?
+                    .into_iter()
+                    .map(|s| (s.id.clone(), s))
+                    .collect();
+            // The first pending event per (subscription, subject).
+            let max_id = candidates.iter().map(|d| d.outbox_id).max().unwrap_or(0);
+            let mut first: BTreeMap<(String, Option<String>), i64> = BTreeMap::new();
+            let earlier: Vec<(String, Option<String>, i64)> = webhook_delivery::Entity::find()
+                .filter(webhook_delivery::Column::State.eq("pending"))
+                .filter(webhook_delivery::Column::SubscriptionId.is_in(sub_ids))
+                .filter(webhook_delivery::Column::OutboxId.lte(max_id))
+                .select_only()
+                .columns([
+                    webhook_delivery::Column::SubscriptionId,
+                    webhook_delivery::Column::Subject,
+                    webhook_delivery::Column::OutboxId,
+                ])
+                .into_tuple()
+                .all(&self.read)
+                .await?;
+            for (s, subj, o) in earlier {
+                let e = first.entry((s, subj)).or_insert(o);
+                *e = (*e).min(o);
+            }
+            let mut chosen = Vec::new();
+            for d in candidates {
+                let Some(s) = subs.get(&d.subscription_id) else {
+                    continue;
+                };
+                let is_ping = d.event_type.as_deref() == Some(EventType::Ping.as_str());
+                if !s.enabled && !is_ping {
+                    continue;
+                }
+                if first.get(&(d.subscription_id.clone(), d.subject.clone())) != Some(&d.outbox_id)
+                {
+                    continue;
+                }
+                chosen.push((d, s.clone()));
+                if chosen.len() as u64 >= limit {
+                    break;
+                }
+            }
+            let ids: Vec<i64> = chosen.iter().map(|(d, _)| d.outbox_id).collect();
+            let events: HashMap<i64, outbox::Model> = outbox::Entity::find()
+                .filter(outbox::Column::Id.is_in(ids))
+                .all(&self.read)
+                .await?
+                .into_iter()
+                .map(|e| (e.id, e))
+                .collect();
+            let mut out = Vec::with_capacity(chosen.len());
+            for (d, s) in chosen {
+                let Some(e) = events.get(&d.outbox_id) else {
+                    continue;
+                };
+                out.push(due_of(d, &s, e)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Records an attempt and what follows from it, in one transaction: the delivery's state
+    /// and next attempt; the endpoint's failure streak; disabling the endpoint (with a
+    /// `webhook.disabled` event for its team) when it has failed for the whole period.
+    /// An attempt already recorded (by another process) is not recorded twice.
+    pub async fn record_attempt(
+        &self,
+        d: &DueDelivery,
+        outcome: &Outcome,
+        next: Next,
+        policy: &RetryPolicy,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        self.measured("record_attempt", || async {
+            let txn = self.write.begin().await?;
+            let (state, next_at, delivered_at) = match next {
+                Next::Delivered => ("delivered", None, Some(now)),
+                Next::RetryAt(at) => ("pending", Some(at), None),
+                Next::GiveUp => ("failed", None, None),
+            };
+            let res = webhook_delivery::Entity::update_many()
+                .col_expr(webhook_delivery::Column::State, Expr::value(state))
+                .col_expr(
+                    webhook_delivery::Column::Attempts,
+                    Expr::value(i32::try_from(d.attempts + 1).unwrap_or(i32::MAX)),
+                )
+                .col_expr(
+                    webhook_delivery::Column::NextAttemptAt,
+                    Expr::value(next_at),
+                )
+                .col_expr(
+                    webhook_delivery::Column::DeliveredAt,
+                    Expr::value(delivered_at),
+                )
+                .col_expr(
+                    webhook_delivery::Column::LastStatus,
+                    Expr::value(outcome.status.map(i32::from)),
+                )
+                .col_expr(
+                    webhook_delivery::Column::LastError,
+                    Expr::value(outcome.error.clone()),
+                )
+                .col_expr(
+                    webhook_delivery::Column::LatencyMs,
+                    Expr::value(Some(
+                        i64::try_from(outcome.latency.as_millis()).unwrap_or(i64::MAX),
+                    )),
+                )
+                .col_expr(
+                    webhook_delivery::Column::LastAttemptAt,
+                    Expr::value(Some(now)),
+                )
+                .filter(webhook_delivery::Column::Id.eq(d.id.clone()))
+                .filter(webhook_delivery::Column::State.eq("pending"))
+                .filter(
+                    webhook_delivery::Column::Attempts
+                        .eq(i32::try_from(d.attempts).unwrap_or(i32::MAX)),
+                )
+                .exec(&txn)
+                .await?;
+            if res.rows_affected != 1 {
+                return Ok(false);
+            }
+            // Pings test an endpoint; they do not count towards disabling it.
+            if d.event_type != EventType::Ping
+                && let Some(s) = webhook_subscription::Entity::find_by_id(d.subscription_id.clone())
+                    .one(&txn)
+                    .await?
+            {
+                let mut m: webhook_subscription::ActiveModel = s.clone().into();
+                if outcome.delivered() {
+                    if s.failing_since.is_some() {
+                        m.failing_since = Set(None);
+                        m.update(&txn).await?;
+                    }
+                } else {
+                    let since = s.failing_since.unwrap_or(now);
+                    if s.failing_since.is_none() {
+                        m.failing_since = Set(Some(now));
+                    }
+                    if s.enabled && should_disable(policy, since, now) {
+                        let reason = format!(
+                            "every attempt failed since {} (last: {})",
+                            since.to_rfc3339(),
+                            outcome.error.as_deref().unwrap_or("?")
+                        );
+                        m.enabled = Set(false);
+                        m.disabled_reason = Set(Some(reason.clone()));
+                        m.updated_at = Set(now);
+                        outbox::ActiveModel {
+                            kind: Set("webhook.disabled".into()),
+                            subject_kind: Set("webhook".into()),
+                            subject_id: Set(s.id.clone()),
+                            team_id: Set(Some(s.team_id.clone())),
+                            payload: Set(json!({
+                                "webhook": {"id": s.id, "url": s.url},
+                                "reason": reason,
+                                "failing_since": since,
+                            })),
+                            created_at: Set(now),
+                            ..Default::default()
+                        }
+                        .insert(&txn)
+                        .await?;
+                    }
+                    m.update(&txn).await?;
+                }
+            }
+            txn.commit().await?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Queues a ping to one endpoint (an outbox event and its delivery, in one transaction)
+    /// and returns it for the caller to attempt now. It is held back from the delivery loop
+    /// for an hour, so it is not sent twice; if the caller dies, the loop sends it then.
+    pub async fn create_ping(
+        &self,
+        id: &str,
+        team_id: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<DueDelivery, StoreError> {
+        self.measured("create_ping", || async {
+            let txn = self.write.begin().await?;
+            let s = self.subscription_row(&txn, id, team_id).await?;
+            let event = outbox::ActiveModel {
+                kind: Set("webhook.ping".into()),
+                subject_kind: Set("webhook".into()),
+                subject_id: Set(s.id.clone()),
+                team_id: Set(Some(s.team_id.clone())),
+                payload: Set(json!({"webhook": {"id": s.id, "url": s.url}, "message": "ping from spotplane"})),
+                created_at: Set(now),
+                ..Default::default()
+            }
+            .insert(&txn)
+            .await?;
+            let d = webhook_delivery::ActiveModel {
+                id: Set(new_uuid(now).to_string()),
+                subscription_id: Set(s.id.clone()),
+                outbox_id: Set(event.id),
+                state: Set("pending".into()),
+                attempts: Set(0),
+                next_attempt_at: Set(Some(now + chrono::Duration::hours(1))),
+                last_status: Set(None),
+                last_error: Set(None),
+                created_at: Set(now),
+                delivered_at: Set(None),
+                event_type: Set(Some(EventType::Ping.as_str().to_owned())),
+                subject: Set(Some(format!("webhook:{}", s.id))),
+                latency_ms: Set(None),
+                last_attempt_at: Set(None),
+            }
+            .insert(&txn)
+            .await?;
+            txn.commit().await?;
+            due_of(d, &s, &event)
+        })
+        .await
+    }
+
+    /// A subscription's delivery log, newest first.
+    pub async fn list_deliveries(
+        &self,
+        subscription_id: &str,
+        team_id: Option<&str>,
+        state: Option<&str>,
+        before: Option<&str>,
+        limit: u64,
+    ) -> Result<Page<Delivery>, StoreError> {
+        self.measured("list_deliveries", || async {
+            self.subscription_row(&self.read, subscription_id, team_id)
+                .await?;
+            let mut q = webhook_delivery::Entity::find()
+                .filter(webhook_delivery::Column::SubscriptionId.eq(subscription_id))
+                .order_by_desc(webhook_delivery::Column::Id)
+                .limit(limit + 1);
+            if let Some(s) = state {
+                q = q.filter(webhook_delivery::Column::State.eq(s));
+            }
+            if let Some(b) = before {
+                q = q.filter(webhook_delivery::Column::Id.lt(b));
+            }
+            let mut rows = q.all(&self.read).await?;
+            let more = rows.len() as u64 > limit;
+            rows.truncate(limit as usize);
+            let items: Vec<Delivery> = rows.into_iter().map(delivery_from_row).collect();
+            let next_cursor = if more {
+                items.last().map(|d| d.id.clone())
+            } else {
+                None
+            };
+            Ok(Page { items, next_cursor })
+        })
+        .await
+    }
+}
+
+fn due_of(
+    d: webhook_delivery::Model,
+    s: &webhook_subscription::Model,
+    e: &outbox::Model,
+) -> Result<DueDelivery, StoreError> {
+    let event_type = EventType::of_outbox(&e.kind, &e.payload).ok_or_else(|| {
+        StoreError::corrupt("webhook_deliveries", &d.id, "its event has no webhook type")
+    })?;
+    let previous = match (&s.previous_secret, s.previous_secret_until) {
+        (Some(p), Some(until)) => Some((parse_secret(&s.id, p)?, until)),
+        _ => None,
+    };
+    Ok(DueDelivery {
+        secret: parse_secret(&s.id, &s.secret)?,
+        previous,
+        attempts: u32::try_from(d.attempts).unwrap_or(0),
+        event_type,
+        outbox_id: e.id,
+        event_at: e.created_at,
+        payload: e.payload.clone(),
+        url: s.url.clone(),
+        subscription_id: d.subscription_id,
+        id: d.id,
+    })
+}

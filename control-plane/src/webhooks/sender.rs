@@ -1,0 +1,131 @@
+//! One webhook attempt over HTTP.
+//!
+//! reqwest with rustls; a total timeout and a connect timeout; no redirects (a redirect could
+//! lead anywhere); no proxy from the environment; names resolved by [`GuardedResolver`] and IP
+//! literals checked here, so a target refused at subscription time stays refused.
+
+use std::time::Duration;
+
+use reqwest::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER, USER_AGENT};
+use url::Host;
+
+use super::retry::Outcome;
+use super::target::{self, GuardedResolver};
+use crate::config::WebhookSettings;
+
+/// What one attempt sends.
+#[derive(Debug, Clone)]
+pub struct Message<'a> {
+    pub url: &'a str,
+    pub id: &'a str,
+    pub timestamp: i64,
+    pub signature: &'a str,
+    pub body: &'a [u8],
+}
+
+#[derive(Debug, Clone)]
+pub struct Sender {
+    http: reqwest::Client,
+    allow_private: bool,
+}
+
+impl Sender {
+    pub fn new(settings: &WebhookSettings) -> Result<Sender, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(settings.timeout)
+            .connect_timeout(settings.connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .dns_resolver(GuardedResolver {
+                allow_private: settings.allow_private,
+            })
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()?;
+        Ok(Sender {
+            http,
+            allow_private: settings.allow_private,
+        })
+    }
+
+    pub fn allow_private(&self) -> bool {
+        self.allow_private
+    }
+
+    /// Sends one attempt; never fails, the outcome says what happened.
+    pub async fn send(&self, m: &Message<'_>) -> Outcome {
+        let started = tokio::time::Instant::now();
+        let fail = |status: Option<u16>, error: String, retry_after: Option<Duration>| Outcome {
+            status,
+            error: Some(error),
+            latency: started.elapsed(),
+            retry_after,
+        };
+        let url = match target::parse(m.url) {
+            Ok(u) => u,
+            Err(e) => return fail(None, format!("bad target: {e}"), None),
+        };
+        if !self.allow_private {
+            let literal = match url.host() {
+                Some(Host::Ipv4(ip)) => Some(std::net::IpAddr::V4(ip)),
+                Some(Host::Ipv6(ip)) => Some(std::net::IpAddr::V6(ip)),
+                _ => None,
+            };
+            if let Some(ip) = literal
+                && let Some(why) = target::refused(ip)
+            {
+                return fail(None, format!("refused target {ip}: {why}"), None);
+            }
+        }
+        let req = self
+            .http
+            .post(url)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header(USER_AGENT, HeaderValue::from_static("spotplane-webhooks/1"))
+            .header("webhook-id", m.id)
+            .header("webhook-timestamp", m.timestamp.to_string())
+            .header("webhook-signature", m.signature)
+            .body(m.body.to_vec());
+        match req.send().await {
+            Ok(resp) => {
+                let status = resp.status();
+                let retry_after = resp
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                // Read (a little of) the body so the connection can be reused.
+                let _ = tokio::time::timeout(Duration::from_secs(1), resp.bytes()).await;
+                if status.is_success() {
+                    Outcome {
+                        status: Some(status.as_u16()),
+                        error: None,
+                        latency: started.elapsed(),
+                        retry_after: None,
+                    }
+                } else {
+                    fail(Some(status.as_u16()), format!("HTTP {status}"), retry_after)
+                }
+            }
+            Err(e) => {
+                let what = if e.is_timeout() {
+                    "timed out".to_owned()
+                } else if e.is_connect() {
+                    format!("cannot connect: {}", root_cause(&e))
+                } else {
+                    format!("request failed: {}", root_cause(&e))
+                };
+                fail(None, what, None)
+            }
+        }
+    }
+}
+
+/// The innermost error's text (reqwest's own message repeats the URL).
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
