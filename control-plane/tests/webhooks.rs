@@ -535,6 +535,105 @@ async fn a_jobs_events_go_out_in_order_while_other_jobs_proceed(backend: Backend
     ts.stop().await;
 }
 
+async fn a_node_notice_reaches_the_teams_with_work_on_the_node(backend: Backend) {
+    use spotplane::scheduler::{Assigned, Placement};
+    use spotplane::store::{NewGpu, NewNode};
+    use spotplane_core::{Cloud, GpuModel, JobState, Market, Micros, MigLayout, NodeId, NodeState};
+
+    let ts = server(backend).await;
+    let team = ts.team_with_token("ml").await;
+    let bystander = ts.team_with_token("cv").await;
+    let rx = Local::default();
+    let others = Local::default();
+    subscribe(
+        &ts,
+        &team,
+        &rx.start().await,
+        &["node.notice", "job.preempted"],
+    )
+    .await;
+    subscribe(&ts, &bystander, &others.start().await, &["node.notice"]).await;
+    let now = SystemClock.now();
+    let node = NodeId(uuid::Uuid::now_v7());
+    let store = ts.store();
+    store
+        .create_node(
+            NewNode {
+                id: node,
+                name: "n".into(),
+                cloud: Cloud::Aws,
+                region: "us-east-1".into(),
+                zone: "use1-az1".into(),
+                instance_type: "p3.2xlarge".into(),
+                market: Market::Spot,
+                offer_id: None,
+                client_token: node.to_string(),
+                hourly_price: Micros::from_dollars(1),
+                on_demand_price: Micros::from_dollars(3),
+                cpu_milli: 8000,
+                memory_mib: 65536,
+                gpus: vec![NewGpu {
+                    model: GpuModel::V100_16GB,
+                    memory_mib: 16384,
+                    mig_enabled: false,
+                    mig_layout: MigLayout::empty(),
+                }],
+                labels: Default::default(),
+            },
+            now,
+        )
+        .await
+        .expect("node");
+    store
+        .transition_node(node, NodeState::Ready, None, now)
+        .await
+        .expect("ready");
+    let job = submit(&ts, &team, "on-spot").await;
+    let job_id = job.parse().expect("job id");
+    store
+        .admit_job(
+            job_id,
+            &[Placement {
+                replica: 0,
+                node,
+                assigned: Assigned::Whole(vec![0]),
+            }],
+            now,
+        )
+        .await
+        .expect("admitted");
+    for to in [JobState::Starting, JobState::Running, JobState::Draining] {
+        store
+            .transition_job(job_id, None, None, to, None, now)
+            .await
+            .expect("moves");
+    }
+    store
+        .transition_node(
+            node,
+            NodeState::Draining,
+            Some("spot interruption notice".into()),
+            now,
+        )
+        .await
+        .expect("notice");
+    let wl = delivery_loop(&ts, Arc::new(SystemClock), |_| {});
+    wl.run_once().await.expect("cycle");
+    let got: Vec<String> = rx
+        .bodies
+        .lock()
+        .await
+        .iter()
+        .map(|(_, v)| v["type"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(got, ["job.preempted", "node.notice"]);
+    assert!(
+        others.bodies.lock().await.is_empty(),
+        "cv had no work on the node"
+    );
+    ts.stop().await;
+}
+
 async fn targets_and_event_types_are_validated_and_teams_see_their_own(backend: Backend) {
     let ts = TestServer::start(backend).await;
     let team = ts.team_with_token("ml").await;
@@ -735,5 +834,6 @@ on_both_databases!(
     a_slow_receiver_fails_the_attempt_at_the_timeout,
     an_endpoint_failing_for_the_whole_period_is_disabled_and_the_team_told,
     a_jobs_events_go_out_in_order_while_other_jobs_proceed,
+    a_node_notice_reaches_the_teams_with_work_on_the_node,
     targets_and_event_types_are_validated_and_teams_see_their_own,
 );
