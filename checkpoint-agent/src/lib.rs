@@ -2,8 +2,24 @@
 //!
 //! Runs on every node spotplane buys. It registers with the control plane with a per-node
 //! token, reports the node's GPUs and their MIG layout, heartbeats telemetry, watches the
-//! cloud's metadata service for termination notices, and checkpoints the node's jobs to object
-//! storage when told. It never links the control plane; both ends share `spotplane-core`'s
-//! protocol types.
+//! cloud's metadata service for termination notices, runs the node's replicas and checkpoints
+//! them to object storage when told or warned. It never links the control plane; both ends
+//! share `spotplane-core`'s protocol types. docs/agent.md tells the whole story.
+//!
+//! - [`agent`]: the main loop (registration, heartbeats, commands, notices);
+//! - [`notice`]: the clouds' metadata services, behind [`notice::NoticeSource`];
+//! - [`workload`]: one replica's process and the workload contract;
+//! - [`checkpoint`]: upload, find and restore checkpoints with object_store;
+//! - [`telemetry`]: NVML readings named after DCGM fields; [`mig`]: MIG re-layouts;
+//! - [`inventory`]: the node's GPUs; [`client`]: the control plane's agent API;
+//! - [`bench`]: `spotplane-agent bench upload`.
 
+pub mod agent;
+pub mod bench;
+pub mod checkpoint;
+pub mod client;
 pub mod inventory;
+pub mod mig;
+pub mod notice;
+pub mod telemetry;
+pub mod workload;

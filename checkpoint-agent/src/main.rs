@@ -1,9 +1,18 @@
 //! The `spotplane-agent` binary.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use spotplane_agent::agent::{AgentConfig, Deps};
+use spotplane_agent::checkpoint::UploadConfig;
+use spotplane_agent::notice::{CloudKind, ReqwestMetadata, source_for};
+use spotplane_agent::telemetry::NvmlTelemetry;
 use spotplane_core::agent::PROTOCOL_VERSION;
+use tokio_util::sync::CancellationToken;
 
 /// The spotplane node agent.
 #[derive(Debug, Parser)]
@@ -15,34 +24,188 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the agent: register, heartbeat, watch for termination notices, run and checkpoint
+    /// the node's replicas.
+    Run(RunArgs),
     /// Print the node's GPUs (and MIG devices) as the agent reports them, as JSON.
     Inventory,
+    /// Print one telemetry sample of every GPU and MIG device, as JSON (empty without a driver).
+    Telemetry,
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Print the agent and protocol versions.
     Version,
 }
 
-fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Notice-to-durable time and upload throughput against a plain copy of the same bytes.
+    Upload(spotplane_agent::bench::UploadBenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The control plane's URL, e.g. https://spotplane.example.com.
+    #[arg(long, env = "SPOTPLANE_CONTROL_PLANE")]
+    control_plane: String,
+    /// A file holding the node's one-time bootstrap token (spb_…). Once exchanged, the node
+    /// credential kept in --work-dir is used instead.
+    #[arg(long, env = "SPOTPLANE_BOOTSTRAP_TOKEN_FILE")]
+    bootstrap_token_file: PathBuf,
+    /// The cloud whose metadata service announces terminations.
+    #[arg(long, value_enum, env = "SPOTPLANE_CLOUD")]
+    cloud: CloudKind,
+    /// The metadata service's base URL (default: the cloud's link-local address). The
+    /// simulator serves `{control plane}/sim/metadata/{cloud}/{instance}`.
+    #[arg(long, env = "SPOTPLANE_METADATA_URL")]
+    metadata_url: Option<String>,
+    /// Where the agent keeps its credential, the replicas' checkpoint directories and logs.
+    #[arg(long, env = "SPOTPLANE_WORK_DIR")]
+    work_dir: PathBuf,
+    /// An object_store option for checkpoint URIs, `key=value` (repeatable), e.g.
+    /// `aws_endpoint=http://127.0.0.1:5000`. Credentials come from the usual environment.
+    #[arg(long = "store-option", value_parser = parse_kv)]
+    store_options: Vec<(String, String)>,
+    /// Size of multipart upload parts.
+    #[arg(long, default_value = "8MiB", value_parser = parse_size)]
+    part_size: u64,
+    /// Parts of one file uploaded at once.
+    #[arg(long, default_value_t = 4)]
+    part_concurrency: usize,
+    /// Files uploaded at once.
+    #[arg(long, default_value_t = 4)]
+    file_concurrency: usize,
+    /// Memory for file data being read and uploaded, over all files and parts.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    upload_memory: u64,
+    /// The upload must end this long before a notice's deadline, to report it in time.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    deadline_margin: Duration,
+    /// Grace period of replicas stopped by a drain (SIGTERM, then SIGKILL).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    drain_grace: Duration,
+    /// Log as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("expected key=value, got {s:?}"))
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    spotplane_agent::bench::parse_size(s)
+}
+
+fn init_logs(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .init();
+        .with_env_filter(filter);
+    if json {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let http = Arc::new(ReqwestMetadata::new(Duration::from_secs(5)).context("metadata client")?);
+    let base = args
+        .metadata_url
+        .clone()
+        .unwrap_or_else(|| args.cloud.default_metadata_url().to_owned());
+    let notices = source_for(args.cloud, http, &base, None);
+    let mut cfg = AgentConfig::new(
+        &args.control_plane,
+        &args.bootstrap_token_file,
+        &args.work_dir,
+    );
+    cfg.store_options = args.store_options;
+    cfg.upload = UploadConfig {
+        part_size: usize::try_from(args.part_size).context("--part-size")?,
+        multipart_threshold: args.part_size,
+        part_concurrency: args.part_concurrency,
+        file_concurrency: args.file_concurrency,
+        memory_budget: usize::try_from(args.upload_memory).context("--upload-memory")?,
+        ..UploadConfig::default()
+    };
+    cfg.deadline_margin = args.deadline_margin;
+    cfg.drain_grace = args.drain_grace;
+    let deps = Deps {
+        notices,
+        telemetry: Box::new(NvmlTelemetry::new()),
+        mig: Arc::new(spotplane_agent::mig::NvidiaSmi),
+        clock: Arc::new(chrono::Utc::now),
+    };
+    let cancel = CancellationToken::new();
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutting down");
+        stop.cancel();
+    });
+    spotplane_agent::agent::run(cfg, deps, cancel).await?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let json = matches!(&cli.command, Command::Run(a) if a.log_json);
+    init_logs(json);
+    let result: anyhow::Result<()> = match cli.command {
+        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("tokio runtime")
+            .and_then(|rt| rt.block_on(run(args))),
         Command::Inventory => {
             let gpus = spotplane_agent::inventory::gpus();
-            match serde_json::to_string_pretty(&serde_json::json!({ "gpus": gpus })) {
-                Ok(s) => println!("{s}"),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::FAILURE;
-                }
-            }
+            serde_json::to_string_pretty(&serde_json::json!({ "gpus": gpus }))
+                .map(|s| println!("{s}"))
+                .map_err(Into::into)
         }
+        Command::Telemetry => {
+            use spotplane_agent::telemetry::TelemetrySource;
+            let sample = NvmlTelemetry::new().sample();
+            serde_json::to_string_pretty(&sample)
+                .map(|s| println!("{s}"))
+                .map_err(Into::into)
+        }
+        Command::Bench(BenchCommand::Upload(args)) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("tokio runtime")
+            .and_then(|rt| rt.block_on(spotplane_agent::bench::upload(args))),
         Command::Version => {
             println!(
                 "spotplane-agent {} (protocol {PROTOCOL_VERSION})",
                 env!("CARGO_PKG_VERSION")
             );
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
-    ExitCode::SUCCESS
 }

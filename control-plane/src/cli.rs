@@ -224,6 +224,9 @@ pub enum BenchCommand {
     /// Replay the openb packing experiment of FGD (USENIX ATC '23): print the GPU allocation
     /// ratio at each percentage (0..130) of arrived GPU demand.
     Pack(PackArgs),
+    /// One deadline-bound job on one spot pool of a Can't Be Late trace (Wu et al., NSDI '24):
+    /// print each policy's cost, finish time and whether the deadline held.
+    Deadline(DeadlineArgs),
     /// Replay a week of jobs on the simulated clouds into a fresh ledger, check it against the
     /// clouds' bills, and write the week's files (ledger CSV, FOCUS, summaries, bills).
     Finance(FinanceBenchArgs),
@@ -300,6 +303,38 @@ pub struct PackArgs {
     #[arg(long, default_value_t = 1.3)]
     pub inflate: f64,
     /// One JSON object per line per (policy, seed).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `spotplane bench deadline`: the model is in `crate::deadline` and docs/benchmarks.md.
+#[derive(Debug, Args)]
+pub struct DeadlineArgs {
+    /// A Can't Be Late trace (`shared/data/spot/cant-be-late/.../*.json`); the job starts at
+    /// its first tick.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Hours of compute the job needs (rounded up to whole ticks).
+    #[arg(long)]
+    pub work_hours: f64,
+    /// Hours from the first tick by which the work must be done (rounded down to whole ticks).
+    #[arg(long)]
+    pub deadline_hours: f64,
+    /// Hours without progress after every start on a new instance, billed at that instance's
+    /// price (rounded up to whole ticks).
+    #[arg(long)]
+    pub restart_hours: f64,
+    /// Spot USD per hour, or `trace` for the file's own per-tick prices.
+    #[arg(long)]
+    pub spot_price: crate::deadline::SpotPrice,
+    /// On-demand USD per hour.
+    #[arg(long)]
+    pub ondemand_price: f64,
+    /// on-demand, greedy, uniform-progress, spotplane, optimal, or all (every policy on the
+    /// same trace); repeat or separate with commas for several.
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    pub policy: Vec<String>,
+    /// One JSON object per line per policy.
     #[arg(long)]
     pub json: bool,
 }

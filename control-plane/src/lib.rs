@@ -10,6 +10,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod deadline;
 pub mod demo;
 pub mod finance;
 pub mod metrics;

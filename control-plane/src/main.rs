@@ -10,8 +10,8 @@ use reqwest::Method;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use spotplane::cli::{
-    BenchCommand, CatalogCommand, Cli, ClientArgs, Command, ExportArgs, FinanceBenchArgs,
-    JobCommand, OffersArgs, PackArgs, SimBenchArgs,
+    BenchCommand, CatalogCommand, Cli, ClientArgs, Command, DeadlineArgs, ExportArgs,
+    FinanceBenchArgs, JobCommand, OffersArgs, PackArgs, SimBenchArgs,
 };
 use spotplane::client::Client;
 use spotplane::clock::SystemClock;
@@ -21,7 +21,7 @@ use spotplane::offers::{self, OfferFilter};
 use spotplane::scheduler::openb;
 use spotplane::server::{ServeOptions, Server, shutdown_signal};
 use spotplane::store::Store;
-use spotplane::{bench, demo, telemetry};
+use spotplane::{bench, deadline, demo, telemetry};
 use spotplane_core::Market;
 use spotplane_providers::catalog;
 use spotplane_providers::clock::ManualClock;
@@ -137,6 +137,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(BenchCommand::Pack(args)) => bench_pack(&args),
+        Command::Bench(BenchCommand::Deadline(args)) => bench_deadline(&args),
         Command::Bench(BenchCommand::Finance(args)) => {
             let config = Config::load(cli.config.as_deref())?;
             bench_finance(&config, &args).await
@@ -496,6 +497,91 @@ fn bench_pack(args: &PackArgs) -> anyhow::Result<()> {
             "\nGPU allocation ratio (%) at 130% arrived\n{}",
             openb::format_summary(&results)
         );
+    }
+    Ok(())
+}
+
+/// One line of `spotplane bench deadline --json`: the policy's report, then the inputs.
+#[derive(serde::Serialize)]
+struct DeadlineLine<'a> {
+    #[serde(flatten)]
+    report: &'a deadline::Report,
+    trace: String,
+    work_hours: f64,
+    deadline_hours: f64,
+    restart_hours: f64,
+    spot_price: Value,
+    ondemand_price: f64,
+    elapsed_ms: f64,
+}
+
+/// `spotplane bench deadline`: loads the trace, runs each policy on it (pure computation),
+/// and times each run here, around the core.
+fn bench_deadline(args: &DeadlineArgs) -> anyhow::Result<()> {
+    let names = deadline::PolicyName::parse_list(&args.policy).map_err(anyhow::Error::msg)?;
+    let trace = deadline::trace::load(&args.trace)?;
+    let params = deadline::Params {
+        work_hours: args.work_hours,
+        deadline_hours: args.deadline_hours,
+        restart_hours: args.restart_hours,
+        spot_price: args.spot_price,
+        on_demand_price: args.ondemand_price,
+    };
+    let model = deadline::Model::new(&trace, &params)
+        .with_context(|| format!("{}", args.trace.display()))?;
+    let spot_price = match args.spot_price {
+        deadline::SpotPrice::Fixed(s) => serde_json::json!(s),
+        deadline::SpotPrice::Trace => serde_json::json!("trace"),
+    };
+    if !args.json {
+        println!(
+            "{}: {} ticks of {} s ({:.1} h); in ticks: work {}, deadline {}, restart {} \
+             (work and restart rounded up, deadline down){}",
+            args.trace.display(),
+            trace.available.len(),
+            trace.gap_seconds,
+            trace.hours(),
+            model.work,
+            model.deadline,
+            model.restart,
+            if model.feasible() {
+                ""
+            } else {
+                "; infeasible: on-demand from the start misses the deadline"
+            }
+        );
+    }
+    let mut reports = Vec::new();
+    let mut times = Vec::new();
+    for name in names {
+        let started = std::time::Instant::now();
+        let outcome = deadline::run(&model, name);
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let report = deadline::Report::new(&model, name, &outcome);
+        if args.json {
+            let line = DeadlineLine {
+                report: &report,
+                trace: args.trace.display().to_string(),
+                work_hours: args.work_hours,
+                deadline_hours: args.deadline_hours,
+                restart_hours: args.restart_hours,
+                spot_price: spot_price.clone(),
+                ondemand_price: args.ondemand_price,
+                elapsed_ms,
+            };
+            println!("{}", serde_json::to_string(&line)?);
+        }
+        reports.push(report);
+        times.push(elapsed_ms);
+    }
+    if !args.json {
+        print!("{}", deadline::format_table(&reports));
+        let times: Vec<String> = reports
+            .iter()
+            .zip(&times)
+            .map(|(r, ms)| format!("{} {ms:.1} ms", r.policy))
+            .collect();
+        println!("time: {}", times.join(", "));
     }
     Ok(())
 }

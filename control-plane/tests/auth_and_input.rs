@@ -441,6 +441,14 @@ async fn the_openapi_document_describes_every_route() {
         ("/v1/finance/summary", vec!["get"]),
         ("/v1/finance/export.csv", vec!["get"]),
         ("/v1/teams/{team}/budget", vec!["get", "put"]),
+        ("/v1/jobs/{id}/checkpoints", vec!["get"]),
+        ("/v1/nodes/{id}/bootstrap-token", vec!["post"]),
+        ("/v1/nodes/{id}/commands", vec!["post", "get"]),
+        ("/v1/nodes/{id}/agent", vec!["get"]),
+        ("/v1/agent/register", vec!["post"]),
+        ("/v1/agent/heartbeat", vec!["post"]),
+        ("/v1/agent/commands/{id}/result", vec!["post"]),
+        ("/v1/agent/checkpoints", vec!["post"]),
     ];
     let documented = expected.len();
     for (path, methods) in expected {

@@ -7,9 +7,18 @@
 //! keeps agents behind NAT reachable and makes every exchange idempotent: a command is repeated
 //! until its result has been seen, and the agent ignores a command id it has already run.
 //!
-//! Paths (JSON over HTTPS, bearer token of role `agent`):
-//! `POST /v1/agent/register` ([`RegisterRequest`] → [`RegisterResponse`]) and
-//! `POST /v1/agent/heartbeat` ([`Heartbeat`] → [`HeartbeatResponse`]).
+//! Paths (JSON over HTTPS):
+//! - `POST /v1/agent/register` ([`RegisterRequest`] → [`RegisterResponse`]), with the node's
+//!   one-time bootstrap token (exchanged for the node credential returned in
+//!   [`RegisterResponse::credential`]) or, after a restart, with the node credential itself;
+//! - `POST /v1/agent/heartbeat` ([`Heartbeat`] → [`HeartbeatResponse`]);
+//! - `POST /v1/agent/commands/{id}/result` ([`CommandResult`]), the same results a heartbeat
+//!   can carry, sent at once when they matter (a checkpoint done before the node goes);
+//! - `POST /v1/agent/checkpoints` ([`CheckpointReport`]): a checkpoint made durable, or one that
+//!   could not be.
+//!
+//! Every call but a first registration carries the node credential (a bearer token of role
+//! `agent`), which acts for its own node only.
 
 use std::collections::BTreeMap;
 
@@ -22,7 +31,22 @@ use crate::mig::MigLayout;
 /// Bumped when a change breaks older agents; the control plane refuses other versions.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// Prefix of a node's one-time bootstrap token.
+pub const BOOTSTRAP_TOKEN_PREFIX: &str = "spb_";
+
+/// The node a bootstrap token was issued for: it is written into the token,
+/// `spb_<node id as 32 hex digits>_<secret>`, so the agent needs nothing else to register.
+pub fn bootstrap_token_node(token: &str) -> Option<NodeId> {
+    let rest = token.trim().strip_prefix(BOOTSTRAP_TOKEN_PREFIX)?;
+    let (hex, secret) = rest.split_once('_')?;
+    if hex.len() != 32 || secret.is_empty() {
+        return None;
+    }
+    uuid::Uuid::try_parse(hex).ok().map(NodeId)
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RegisterRequest {
     pub protocol_version: u32,
@@ -41,6 +65,7 @@ pub struct RegisterRequest {
 
 /// One GPU as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuInfo {
     pub index: u32,
     pub uuid: String,
@@ -54,6 +79,7 @@ pub struct GpuInfo {
 
 /// One MIG device (GPU instance + compute instance) as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MigDeviceInfo {
     pub uuid: String,
     /// Profile name as NVML prints it, e.g. `3g.40gb`.
@@ -64,8 +90,14 @@ pub struct MigDeviceInfo {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RegisterResponse {
     pub node_id: NodeId,
+    /// The node credential (a bearer token of role `agent` for this node only), present when a
+    /// bootstrap token was exchanged: it is shown this once, and the bootstrap token no longer
+    /// works. Absent when the agent re-registered with its credential.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
     /// How often to send a heartbeat.
     pub heartbeat_interval_ms: u64,
     /// How often to poll the cloud's metadata endpoint for a termination notice.
@@ -75,6 +107,7 @@ pub struct RegisterResponse {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Heartbeat {
     pub node_id: NodeId,
@@ -91,19 +124,126 @@ pub struct Heartbeat {
 }
 
 /// Telemetry of one GPU (or of one MIG device, when `mig_uuid` is set).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// On the wire each reading is named after the DCGM field that carries it (NVIDIA DCGM
+/// `dcgm_fields.h`), so dashboards built for dcgm-exporter read the same names. A reading the
+/// driver does not give (utilisation of a MIG device, ECC on a GPU without ECC) is absent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuTelemetry {
     pub index: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_uuid: Option<String>,
+    /// Percent of time a kernel ran over the last sample period.
+    #[serde(
+        default,
+        rename = "DCGM_FI_DEV_GPU_UTIL",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub utilization_pct: Option<u8>,
+    /// Percent of time device memory was read or written.
+    #[serde(
+        default,
+        rename = "DCGM_FI_DEV_MEM_COPY_UTIL",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub memory_utilization_pct: Option<u8>,
+    /// Framebuffer memory used, MiB.
+    #[serde(
+        default,
+        rename = "DCGM_FI_DEV_FB_USED",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub memory_used_mib: Option<u64>,
+    /// Framebuffer memory in total, MiB.
+    #[serde(
+        default,
+        rename = "DCGM_FI_DEV_FB_TOTAL",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub memory_total_mib: Option<u64>,
+    /// GPU temperature, °C.
+    #[serde(
+        default,
+        rename = "DCGM_FI_DEV_GPU_TEMP",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub temperature_c: Option<i16>,
-    pub power_w: Option<u32>,
+    /// Power draw, watts.
+    #[serde(
+        default,
+        rename = "DCGM_FI_DEV_POWER_USAGE",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub power_w: Option<f64>,
+    /// Single-bit (corrected) ECC errors since the driver loaded.
+    #[serde(
+        default,
+        rename = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ecc_sbe_volatile: Option<u64>,
+    /// Double-bit (uncorrected) ECC errors since the driver loaded.
+    #[serde(
+        default,
+        rename = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ecc_dbe_volatile: Option<u64>,
+    /// Double-bit (uncorrected) ECC errors over the GPU's life.
+    #[serde(
+        default,
+        rename = "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ecc_dbe_aggregate: Option<u64>,
+}
+
+impl GpuTelemetry {
+    /// The readings present, by DCGM field name, as numbers (for metrics).
+    pub fn dcgm_fields(&self) -> Vec<(&'static str, f64)> {
+        let mut out = Vec::new();
+        let mut push = |name, v: Option<f64>| {
+            if let Some(v) = v {
+                out.push((name, v));
+            }
+        };
+        push("DCGM_FI_DEV_GPU_UTIL", self.utilization_pct.map(f64::from));
+        push(
+            "DCGM_FI_DEV_MEM_COPY_UTIL",
+            self.memory_utilization_pct.map(f64::from),
+        );
+        push(
+            "DCGM_FI_DEV_FB_USED",
+            self.memory_used_mib.map(|v| v as f64),
+        );
+        push(
+            "DCGM_FI_DEV_FB_TOTAL",
+            self.memory_total_mib.map(|v| v as f64),
+        );
+        push("DCGM_FI_DEV_GPU_TEMP", self.temperature_c.map(f64::from));
+        push("DCGM_FI_DEV_POWER_USAGE", self.power_w);
+        push(
+            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+            self.ecc_sbe_volatile.map(|v| v as f64),
+        );
+        push(
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            self.ecc_dbe_volatile.map(|v| v as f64),
+        );
+        push(
+            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+            self.ecc_dbe_aggregate.map(|v| v as f64),
+        );
+        out
+    }
 }
 
 /// The state of one replica as the agent sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReplicaStatus {
     pub job_id: JobId,
     pub replica: u32,
@@ -114,6 +254,7 @@ pub struct ReplicaStatus {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ReplicaPhase {
     Starting,
@@ -124,6 +265,7 @@ pub enum ReplicaPhase {
 
 /// Where a termination notice came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum NoticeSource {
     /// AWS IMDS `spot/instance-action`.
@@ -142,6 +284,7 @@ pub enum NoticeSource {
 
 /// A cloud's announcement that it is taking the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TerminationNotice {
     pub source: NoticeSource,
     /// `terminate`, `stop`, `hibernate`, `preempt` or `rebalance`, as the cloud said it.
@@ -155,11 +298,13 @@ pub struct TerminationNotice {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatResponse {
     pub commands: Vec<Command>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Command {
     pub id: CommandId,
     #[serde(flatten)]
@@ -168,6 +313,7 @@ pub struct Command {
 
 /// What the control plane asks a node to do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum CommandKind {
     /// Start one replica of a job, restoring from `resume_from` when set.
@@ -193,6 +339,7 @@ pub enum CommandKind {
         job_id: JobId,
         replica: u32,
         checkpoint_id: CheckpointId,
+        /// The job's checkpoint prefix (as in `Start::checkpoint_uri`).
         uri: String,
         deadline: Option<DateTime<Utc>>,
     },
@@ -203,11 +350,25 @@ pub enum CommandKind {
         grace_ms: u64,
     },
     /// Re-lay a GPU's MIG instances; only instances no replica uses are destroyed.
-    ApplyMigLayout { gpu_index: u32, layout: MigLayout },
+    ApplyMigLayout {
+        gpu_index: u32,
+        #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::MigInstance>))]
+        layout: MigLayout,
+    },
+    /// Drain the node: checkpoint every running replica, upload before `deadline`, then stop
+    /// them. Sent when the control plane hears of a termination first (the cloud's event
+    /// stream) or retires the node.
+    Drain {
+        #[serde(default)]
+        deadline: Option<DateTime<Utc>>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
 }
 
 /// The outcome of a command.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CommandResult {
     pub command_id: CommandId,
     pub ok: bool,
@@ -216,11 +377,74 @@ pub struct CommandResult {
     /// Set when a checkpoint command finished: the uploaded manifest.
     #[serde(default)]
     pub manifest: Option<CheckpointManifest>,
+    /// Set when a MIG layout command finished (or failed): the layout the GPU has now.
+    #[serde(default)]
+    pub mig_layout: Option<AppliedMigLayout>,
+}
+
+/// A GPU's MIG layout as the agent found it after applying (or failing to apply) a command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AppliedMigLayout {
+    pub gpu_index: u32,
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::MigInstance>))]
+    pub layout: MigLayout,
+}
+
+/// What started a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointTrigger {
+    /// The cloud's termination notice, seen by the agent.
+    Notice,
+    /// A `checkpoint` command.
+    Command,
+    /// A `drain` command.
+    Drain,
+}
+
+/// How a checkpoint ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointOutcome {
+    /// Every file and then the manifest are in the object store: a resume point.
+    Durable,
+    /// The upload could not finish before the deadline; nothing of it counts, the previous
+    /// durable checkpoint stays the resume point.
+    MissedDeadline,
+    /// The workload did not write its checkpoint, or the upload failed for good.
+    Failed,
+}
+
+/// `POST /v1/agent/checkpoints`: the end of one replica's checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointReport {
+    pub job_id: JobId,
+    pub replica: u32,
+    pub attempt: u32,
+    pub checkpoint_id: CheckpointId,
+    /// Where the manifest is (or would have been), e.g. `s3://bucket/jobs/…/manifest.json`.
+    pub uri: String,
+    pub trigger: CheckpointTrigger,
+    pub outcome: CheckpointOutcome,
+    /// The manifest, for a durable checkpoint.
+    #[serde(default)]
+    pub manifest: Option<CheckpointManifest>,
+    /// Why it was not durable.
+    #[serde(default)]
+    pub message: Option<String>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
 }
 
 /// The last object of a checkpoint, written only after every file is uploaded: a checkpoint
 /// without a manifest does not exist.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CheckpointManifest {
     pub job_id: JobId,
     pub replica: u32,
@@ -232,6 +456,7 @@ pub struct CheckpointManifest {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ManifestFile {
     /// Path relative to the checkpoint directory.
     pub path: String,
@@ -259,6 +484,35 @@ mod tests {
         assert_eq!(v["grace_ms"], 30_000);
         let back: Command = serde_json::from_value(v).expect("de");
         assert_eq!(back, cmd);
+    }
+
+    #[test]
+    fn bootstrap_tokens_carry_their_node() {
+        let node = NodeId::new_at(1_800_000_000_000, 7);
+        let token = format!("spb_{}_secret-_part", node.as_uuid().simple());
+        assert_eq!(bootstrap_token_node(&token), Some(node));
+        assert_eq!(bootstrap_token_node(&format!("{token}\n")), Some(node));
+        assert_eq!(bootstrap_token_node("spt_abc"), None);
+        assert_eq!(bootstrap_token_node("spb_1234_x"), None);
+        assert_eq!(
+            bootstrap_token_node(&format!("spb_{}_", node.as_uuid().simple())),
+            None
+        );
+    }
+
+    #[test]
+    fn telemetry_readings_are_named_after_dcgm_fields() {
+        let t = GpuTelemetry {
+            index: 1,
+            temperature_c: Some(60),
+            ..GpuTelemetry::default()
+        };
+        let v = serde_json::to_value(&t).expect("ser");
+        assert_eq!(
+            v,
+            serde_json::json!({"index": 1, "DCGM_FI_DEV_GPU_TEMP": 60})
+        );
+        assert_eq!(serde_json::from_value::<GpuTelemetry>(v).expect("de"), t);
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261130_000001_initial;
 mod m20261130_000002_gpu_desired_layout;
+mod m20261130_000003_agent_protocol;
 mod m20261201_000003_webhooks_and_finance;
 
 pub struct Migrator;
@@ -22,6 +23,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261130_000001_initial::Migration),
             Box::new(m20261130_000002_gpu_desired_layout::Migration),
+            Box::new(m20261130_000003_agent_protocol::Migration),
             Box::new(m20261201_000003_webhooks_and_finance::Migration),
         ]
     }

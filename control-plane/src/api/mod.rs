@@ -7,6 +7,7 @@
 pub mod extract;
 pub mod problem;
 
+mod agent;
 mod cluster;
 mod finance;
 mod health;
@@ -183,7 +184,8 @@ pub fn router(state: AppState) -> Router {
             "/teams/{team}/budget",
             get(finance::get_budget).put(finance::put_budget),
         )
-        .route("/openapi.json", get(openapi::openapi_json));
+        .route("/openapi.json", get(openapi::openapi_json))
+        .merge(agent::routes());
     let max_body = state.inner.max_body_bytes;
     Router::new()
         .route("/healthz", get(health::healthz))

@@ -5,7 +5,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::problem::Problem;
-use super::{cluster, finance, jobs, teams, tokens, webhooks};
+use super::{agent, cluster, finance, jobs, teams, tokens, webhooks};
 use crate::model::{Gpu, Job, JobEvent, Node, Offer, Role, Team, Token};
 
 #[derive(OpenApi)]
@@ -21,6 +21,8 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         tokens::create_team_token, tokens::list_team_tokens, tokens::create_token, tokens::list_tokens, tokens::revoke_token,
         jobs::submit_job, jobs::list_jobs, jobs::get_job, jobs::cancel_job, jobs::job_events,
         cluster::list_nodes, cluster::list_offers,
+        agent::register, agent::heartbeat, agent::command_result, agent::report_checkpoint,
+        agent::issue_bootstrap, agent::queue_command, agent::list_commands, agent::agent_status, agent::job_checkpoints,
         finance::summary, finance::export_csv, finance::get_budget, finance::put_budget,
         webhooks::create, webhooks::list, webhooks::get, webhooks::update, webhooks::delete,
         webhooks::rotate_secret, webhooks::send_ping, webhooks::deliveries,
@@ -37,6 +39,7 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         (name = "tokens", description = "API tokens"),
         (name = "jobs", description = "Submitting and following GPU jobs"),
         (name = "cluster", description = "Nodes and the capacity on offer"),
+        (name = "agent", description = "The node agents' protocol (node credentials act for their own node only) and its operators' side"),
         (name = "webhooks", description = "Endpoints that receive job, node and budget events, signed per Standard Webhooks"),
         (name = "finance", description = "The cost ledger: summaries, CSV and FOCUS exports, budgets"),
     )

@@ -21,6 +21,7 @@
 //! `synchronous = NORMAL`: a crash of the process loses nothing committed, a power cut may lose
 //! the last transactions. On PostgreSQL one pool does both.
 
+mod agents;
 mod finance;
 mod jobs;
 mod leader;
@@ -53,6 +54,10 @@ use spotplane_migrations::MigratorTrait;
 use crate::config::{DatabaseConfig, DatabaseKind};
 use crate::metrics::Metrics;
 
+pub use agents::{
+    AgentCaller, AgentStatus, BOOTSTRAP_PREFIX, CHECKPOINT_COMPLETE, CheckpointRecord,
+    CommandRecord, Registration,
+};
 pub use finance::{LivePool, TeamBudget};
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
 pub use leader::Leadership;

@@ -76,7 +76,7 @@ impl TokenCache {
         entries.insert(hash, (p, Instant::now()));
     }
 
-    fn clear(&self) {
+    pub(super) fn clear(&self) {
         self.entries
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -103,7 +103,7 @@ pub fn generate_secret() -> String {
     )
 }
 
-fn shown_prefix(secret: &str) -> String {
+pub(super) fn shown_prefix(secret: &str) -> String {
     secret.chars().take(SHOWN_PREFIX_LEN).collect()
 }
 

@@ -15,6 +15,10 @@ pub struct Model {
     pub total_bytes: Option<i64>,
     pub created_at: DateTimeUtc,
     pub completed_at: Option<DateTimeUtc>,
+    /// The node whose agent reported it.
+    pub node_id: Option<String>,
+    /// Why it is not durable, for one that is not.
+    pub message: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

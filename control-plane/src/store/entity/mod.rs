@@ -5,6 +5,8 @@
 //! rows it cannot read, naming the table and id) so the rest of the control plane never sees
 //! them.
 
+pub mod agent_bootstrap_token;
+pub mod agent_command;
 pub mod allocation;
 pub mod api_token;
 pub mod checkpoint;
@@ -15,6 +17,7 @@ pub mod job_event;
 pub mod ledger_entry;
 pub mod ledger_progress;
 pub mod node;
+pub mod node_agent;
 pub mod offer;
 pub mod outbox;
 pub mod price_point;

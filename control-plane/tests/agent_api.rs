@@ -1,0 +1,952 @@
+//! The agent protocol (`/v1/agent/...`) and its operators' side, on SQLite and PostgreSQL.
+
+mod common;
+
+use common::{ADMIN_TOKEN, Backend, TestServer};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use spotplane::scheduler::{Assigned, Placement};
+use spotplane::store::{NewGpu, NewNode};
+use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, MigLayout, NodeId};
+
+on_both_databases!(
+    a_bootstrap_token_is_exchanged_once_for_a_node_credential,
+    a_node_credential_acts_for_its_own_node_only,
+    heartbeats_hand_out_commands_until_their_result_arrives,
+    a_notice_in_a_heartbeat_drains_the_node_with_its_deadline,
+    checkpoint_reports_record_durable_and_missed_checkpoints,
+    a_mig_layout_result_records_the_layout_the_gpu_has_now,
+    bad_agent_input_gets_a_problem_naming_the_field,
+);
+
+fn new_node(name: &str) -> NewNode {
+    NewNode {
+        id: NodeId(uuid::Uuid::now_v7()),
+        name: name.into(),
+        cloud: Cloud::Aws,
+        region: "us-east-1".into(),
+        zone: "us-east-1a".into(),
+        instance_type: "p5.48xlarge".into(),
+        market: Market::Spot,
+        offer_id: None,
+        client_token: format!("ct-{name}"),
+        hourly_price: Micros::parse_usd("35.5").expect("price"),
+        on_demand_price: Micros::parse_usd("98.32").expect("price"),
+        cpu_milli: 192_000,
+        memory_mib: 2_097_152,
+        gpus: vec![NewGpu {
+            model: GpuModel::H100_80GB,
+            memory_mib: 81_559,
+            mig_enabled: true,
+            mig_layout: MigLayout::full(),
+        }],
+        labels: Default::default(),
+    }
+}
+
+async fn node(srv: &TestServer, name: &str) -> NodeId {
+    let n = new_node(name);
+    let id = n.id;
+    srv.store()
+        .create_node(n, chrono::Utc::now())
+        .await
+        .expect("node stored");
+    id
+}
+
+async fn bootstrap(srv: &TestServer, node: NodeId) -> String {
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{node}/bootstrap-token"),
+            Some(ADMIN_TOKEN),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    v["token"].as_str().expect("token").to_owned()
+}
+
+fn register_body(node: NodeId) -> Value {
+    json!({"protocol_version": 1, "node_id": node, "agent_version": "0.1.0", "hostname": "ip-10-0-0-1",
+        "instance_id": "i-0abc", "cpu_milli": 192000, "memory_mib": 2097152,
+        "gpus": [{"index": 0, "uuid": "GPU-5c1e", "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559,
+                  "mig_enabled": true, "mig_devices": []}]})
+}
+
+/// A registered node: its id and credential. The node is created the way provisioning
+/// creates nodes, with its bootstrap token.
+async fn registered(srv: &TestServer, name: &str) -> (NodeId, String) {
+    let now = chrono::Utc::now();
+    let (n, boot) = srv
+        .store()
+        .create_node_with_bootstrap(new_node(name), now + chrono::Duration::hours(1), now)
+        .await
+        .expect("node and token");
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&boot),
+            Some(&register_body(n.id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    (
+        n.id,
+        v["credential"].as_str().expect("credential").to_owned(),
+    )
+}
+
+fn heartbeat(node: NodeId) -> Value {
+    json!({"node_id": node, "sent_at": chrono::Utc::now()})
+}
+
+async fn node_json(srv: &TestServer, id: NodeId) -> Value {
+    let (_, v) = srv
+        .call(Method::GET, "/v1/nodes", Some(ADMIN_TOKEN), None)
+        .await;
+    v["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["id"] == json!(id)).cloned())
+        .expect("node listed")
+}
+
+async fn a_bootstrap_token_is_exchanged_once_for_a_node_credential(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let id = node(&srv, "n1").await;
+    let boot = bootstrap(&srv, id).await;
+    assert!(boot.starts_with("spb_"), "{boot}");
+    assert_eq!(
+        spotplane_core::agent::bootstrap_token_node(&boot),
+        Some(id),
+        "the token names its node"
+    );
+    assert_eq!(node_json(&srv, id).await["state"], "requested");
+
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&boot),
+            Some(&register_body(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let cred = v["credential"].as_str().expect("credential").to_owned();
+    assert!(cred.starts_with("spt_"));
+    assert_eq!(v["node_id"], json!(id));
+    assert_eq!(v["heartbeat_interval_ms"], 5000);
+    assert_eq!(v["notice_poll_interval_ms"], 5000, "AWS: every 5 s");
+    assert_eq!(v["checkpoint_signal"], "SIGUSR1");
+    let n = node_json(&srv, id).await;
+    assert_eq!(
+        n["state"], "ready",
+        "a registered agent makes its node ready"
+    );
+    assert_eq!(n["provider_instance_id"], "i-0abc");
+
+    // Once only.
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&boot),
+            Some(&register_body(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    assert_eq!(v["type"], "urn:spotplane:problem:unauthenticated");
+
+    // A restarted agent registers again with its credential, and gets no new one.
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&cred),
+            Some(&register_body(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v.get("credential").is_none(), "{v}");
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/heartbeat",
+            Some(&cred),
+            Some(&heartbeat(id)),
+        )
+        .await;
+    assert_eq!((s, &v["commands"]), (StatusCode::OK, &json!([])), "{v}");
+
+    // Stored hashed: the token list shows a prefix, never the secret.
+    let (_, tokens) = srv
+        .call(Method::GET, "/v1/tokens", Some(ADMIN_TOKEN), None)
+        .await;
+    let agent_token = tokens["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["role"] == "agent").cloned())
+        .expect("the node credential is listed");
+    assert_eq!(agent_token["node_id"], json!(id));
+    assert!(!tokens.to_string().contains(&cred[12..]));
+
+    // A new bootstrap (a re-imaged node) revokes the earlier credential when exchanged.
+    let boot2 = bootstrap(&srv, id).await;
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&boot2),
+            Some(&register_body(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let cred2 = v["credential"].as_str().expect("credential").to_owned();
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/heartbeat",
+            Some(&cred),
+            Some(&heartbeat(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "the old credential is revoked");
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/heartbeat",
+            Some(&cred2),
+            Some(&heartbeat(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+
+    // A bootstrap token issued but superseded before use no longer works.
+    let stale = bootstrap(&srv, id).await;
+    let _fresh = bootstrap(&srv, id).await;
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&stale),
+            Some(&register_body(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some("spb_made_up_secret_000000000000000000000000"),
+            Some(&register_body(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    srv.stop().await;
+}
+
+async fn a_node_credential_acts_for_its_own_node_only(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let (a, cred_a) = registered(&srv, "a").await;
+    let (b, _cred_b) = registered(&srv, "b").await;
+
+    // Speaking for another node.
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/heartbeat",
+            Some(&cred_a),
+            Some(&heartbeat(b)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    assert!(v["detail"].as_str().is_some_and(|d| d.contains("node_id")));
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&cred_a),
+            Some(&register_body(b)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let boot_a = bootstrap(&srv, a).await;
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&boot_a),
+            Some(&register_body(b)),
+        )
+        .await;
+    assert_eq!(
+        s,
+        StatusCode::FORBIDDEN,
+        "a's bootstrap token cannot register b"
+    );
+
+    // Another node's command.
+    let (_, cmd) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{b}/commands"),
+            Some(ADMIN_TOKEN),
+            Some(&json!({"type": "drain"})),
+        )
+        .await;
+    let cmd_id = cmd["command"]["id"].as_str().expect("id").to_owned();
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/agent/commands/{cmd_id}/result"),
+            Some(&cred_a),
+            Some(&json!({"command_id": cmd_id, "ok": true})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (_, hb) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/heartbeat",
+            Some(&cred_a),
+            Some(&heartbeat(a)),
+        )
+        .await;
+    assert_eq!(hb["commands"], json!([]), "b's commands stay b's");
+
+    // Everything else is closed to an agent credential, and agent endpoints to other roles.
+    for (m, p) in [
+        (Method::GET, "/v1/nodes".to_owned()),
+        (Method::GET, format!("/v1/nodes/{a}/agent")),
+        (Method::POST, format!("/v1/nodes/{a}/commands")),
+        (Method::GET, "/v1/teams".to_owned()),
+    ] {
+        let (s, _) = srv
+            .call(
+                m.clone(),
+                &p,
+                Some(&cred_a),
+                Some(&json!({"type": "drain"})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{m} {p}");
+    }
+    let team = srv.team_with_token("alpha").await;
+    let (_, fin) = srv
+        .call(
+            Method::POST,
+            "/v1/tokens",
+            Some(ADMIN_TOKEN),
+            Some(&json!({"name": "fin", "role": "finance"})),
+        )
+        .await;
+    let finance = fin["token"].as_str().expect("finance token").to_owned();
+    // The operators' side: admin writes; finance reads; teams and agents neither.
+    for (m, p, body, expect) in [
+        (
+            Method::POST,
+            format!("/v1/nodes/{a}/bootstrap-token"),
+            json!({}),
+            [StatusCode::FORBIDDEN; 3],
+        ),
+        (
+            Method::POST,
+            format!("/v1/nodes/{a}/commands"),
+            json!({"type": "drain"}),
+            [StatusCode::FORBIDDEN; 3],
+        ),
+        (
+            Method::GET,
+            format!("/v1/nodes/{a}/commands"),
+            json!({}),
+            [StatusCode::FORBIDDEN, StatusCode::OK, StatusCode::FORBIDDEN],
+        ),
+        (
+            Method::GET,
+            format!("/v1/nodes/{a}/agent"),
+            json!({}),
+            [StatusCode::FORBIDDEN, StatusCode::OK, StatusCode::FORBIDDEN],
+        ),
+    ] {
+        for (token, want) in [team.as_str(), finance.as_str(), cred_a.as_str()]
+            .into_iter()
+            .zip(expect)
+        {
+            let body = (m == Method::POST).then_some(&body);
+            let (s, _) = srv.call(m.clone(), &p, Some(token), body).await;
+            assert_eq!(s, want, "{m} {p}");
+        }
+    }
+    for token in [team.as_str(), ADMIN_TOKEN] {
+        let (s, _) = srv
+            .call(
+                Method::POST,
+                "/v1/agent/heartbeat",
+                Some(token),
+                Some(&heartbeat(a)),
+            )
+            .await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        let (s, _) = srv
+            .call(
+                Method::POST,
+                "/v1/agent/register",
+                Some(token),
+                Some(&register_body(a)),
+            )
+            .await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+    }
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/heartbeat",
+            Some(&boot_a),
+            Some(&heartbeat(a)),
+        )
+        .await;
+    assert_eq!(
+        s,
+        StatusCode::UNAUTHORIZED,
+        "a bootstrap token is no credential"
+    );
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/heartbeat",
+            None,
+            Some(&heartbeat(a)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    srv.stop().await;
+}
+
+async fn heartbeats_hand_out_commands_until_their_result_arrives(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let (id, cred) = registered(&srv, "n").await;
+    let (s, cmd) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{id}/commands"),
+            Some(ADMIN_TOKEN),
+            Some(&json!({"type": "drain", "reason": "retiring the node"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{cmd}");
+    let cmd_id = cmd["command"]["id"].clone();
+    let (s, stop) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{id}/commands"),
+            Some(ADMIN_TOKEN),
+            Some(
+                &json!({"type": "stop", "job_id": JobId(uuid::Uuid::now_v7()), "replica": 0, "grace_ms": 1000}),
+            ),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{stop}");
+
+    for round in 1..=2 {
+        let (s, v) = srv
+            .call(
+                Method::POST,
+                "/v1/agent/heartbeat",
+                Some(&cred),
+                Some(&heartbeat(id)),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK);
+        let cmds = v["commands"].as_array().expect("commands");
+        assert_eq!(cmds.len(), 2, "round {round}: {v}");
+        assert_eq!(cmds[0]["id"], cmd_id);
+        assert_eq!(cmds[0]["type"], "drain");
+        assert_eq!(cmds[0]["reason"], "retiring the node");
+        assert_eq!(cmds[1]["type"], "stop");
+    }
+
+    // A result on its own path ...
+    let result = json!({"command_id": cmd_id, "ok": true, "message": "2 replicas checkpointed"});
+    for _ in 0..2 {
+        let (s, v) = srv
+            .call(
+                Method::POST,
+                &format!(
+                    "/v1/agent/commands/{}/result",
+                    cmd_id.as_str().unwrap_or_default()
+                ),
+                Some(&cred),
+                Some(&result),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(v["result"]["message"], "2 replicas checkpointed");
+        assert_eq!(v["deliveries"], 2);
+    }
+    // ... or inside a heartbeat.
+    let mut hb = heartbeat(id);
+    hb["results"] =
+        json!([{"command_id": stop["command"]["id"], "ok": false, "message": "no such replica"}]);
+    let (_, v) = srv
+        .call(Method::POST, "/v1/agent/heartbeat", Some(&cred), Some(&hb))
+        .await;
+    assert_eq!(v["commands"], json!([]), "{v}");
+
+    let (s, v) = srv
+        .call(
+            Method::GET,
+            &format!("/v1/nodes/{id}/commands"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let items = v["items"].as_array().expect("items");
+    assert_eq!(items.len(), 2);
+    assert!(items.iter().all(|c| !c["completed_at"].is_null()), "{v}");
+    assert_eq!(items[0]["result"]["ok"], false, "newest first: {v}");
+
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{}/commands", NodeId(uuid::Uuid::now_v7())),
+            Some(ADMIN_TOKEN),
+            Some(&json!({"type": "drain"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    srv.stop().await;
+}
+
+async fn a_notice_in_a_heartbeat_drains_the_node_with_its_deadline(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let (id, cred) = registered(&srv, "n").await;
+    let telemetry = json!([{"index": 0, "uuid": "GPU-5c1e", "DCGM_FI_DEV_GPU_UTIL": 97, "DCGM_FI_DEV_FB_USED": 70000,
+        "DCGM_FI_DEV_FB_TOTAL": 81559, "DCGM_FI_DEV_POWER_USAGE": 612.5, "DCGM_FI_DEV_GPU_TEMP": 61}]);
+
+    // A rebalance recommendation is recorded, nothing more.
+    let mut hb = heartbeat(id);
+    hb["gpus"] = telemetry.clone();
+    hb["notice"] = json!({"source": "aws-rebalance", "action": "rebalance", "deadline": null,
+        "observed_at": chrono::Utc::now()});
+    let (s, v) = srv
+        .call(Method::POST, "/v1/agent/heartbeat", Some(&cred), Some(&hb))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(node_json(&srv, id).await["state"], "ready");
+
+    let deadline = "2031-01-01T00:02:00Z";
+    hb["notice"] = json!({"source": "aws-instance-action", "action": "terminate", "deadline": deadline,
+        "observed_at": chrono::Utc::now()});
+    let (s, _) = srv
+        .call(Method::POST, "/v1/agent/heartbeat", Some(&cred), Some(&hb))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let n = node_json(&srv, id).await;
+    assert_eq!(n["state"], "draining");
+    assert_eq!(n["notice_deadline"], "2031-01-01T00:02:00Z");
+    assert!(
+        n["state_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("termination notice")),
+        "{n}"
+    );
+    // The same notice again changes nothing.
+    let (s, _) = srv
+        .call(Method::POST, "/v1/agent/heartbeat", Some(&cred), Some(&hb))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+
+    let (s, v) = srv
+        .call(
+            Method::GET,
+            &format!("/v1/nodes/{id}/agent"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["telemetry"][0]["DCGM_FI_DEV_GPU_UTIL"], 97);
+    assert_eq!(v["telemetry"][0]["DCGM_FI_DEV_POWER_USAGE"], 612.5);
+    assert_eq!(v["notice"]["action"], "terminate");
+    assert_eq!(v["heartbeats"], 3);
+    assert_eq!(v["hostname"], "ip-10-0-0-1");
+    assert_eq!(v["gpus"][0]["uuid"], "GPU-5c1e");
+
+    let kinds: Vec<String> = srv
+        .store()
+        .outbox_after(0, 1000)
+        .await
+        .expect("outbox")
+        .into_iter()
+        .filter(|e| e.subject_id == id.to_string())
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "node.requested",
+            "node.ready",
+            "node.notice",
+            "node.draining"
+        ],
+        "one event per notice: the rebalance warning, then the move to draining"
+    );
+    srv.stop().await;
+}
+
+/// A job of team alpha admitted onto `node` (attempt 0, one replica).
+async fn job_on(srv: &TestServer, node: NodeId) -> JobId {
+    srv.team_with_token("alpha").await;
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(ADMIN_TOKEN),
+            Some(&json!({"name": "train", "team": "alpha", "shape": {"gpus": 1}, "command": ["python", "train.py"]})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let job: JobId = v["id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    srv.store()
+        .admit_job(
+            job,
+            &[Placement {
+                replica: 0,
+                node,
+                assigned: Assigned::Whole(vec![0]),
+            }],
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("admitted");
+    job
+}
+
+fn report(job: Value, checkpoint: &str, outcome: &str, sha: &str) -> Value {
+    let durable = outcome == "durable";
+    let at = chrono::Utc::now();
+    json!({"job_id": job, "replica": 0, "attempt": 0, "checkpoint_id": checkpoint,
+        "uri": format!("s3://ckpt/jobs/{}/replica-0/{checkpoint}/manifest.json", job.as_str().unwrap_or_default()),
+        "trigger": "notice", "outcome": outcome, "started_at": at, "finished_at": at,
+        "message": if durable { Value::Null } else { json!("upload of 10 GiB could not finish before the deadline") },
+        "manifest": if durable { json!({"job_id": job, "replica": 0, "checkpoint_id": checkpoint, "attempt": 0,
+            "created_at": at, "total_bytes": 15,
+            "files": [{"path": "state/step.json", "size": 15, "sha256": sha}]}) } else { Value::Null }})
+}
+
+async fn checkpoint_reports_record_durable_and_missed_checkpoints(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let (id, cred) = registered(&srv, "n").await;
+    let (_other, cred_other) = registered(&srv, "other").await;
+    let job = job_on(&srv, id).await;
+    let j = json!(job);
+    let c1 = uuid::Uuid::now_v7().to_string();
+    let sha = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+    let body = report(j.clone(), &c1, "durable", sha);
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/checkpoints",
+            Some(&cred),
+            Some(&body),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "complete");
+    assert_eq!(v["total_bytes"], 15);
+    assert_eq!(v["node_id"], json!(id));
+    // Again: the same record.
+    let (s, again) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/checkpoints",
+            Some(&cred),
+            Some(&body),
+        )
+        .await;
+    assert_eq!((s, &again), (StatusCode::OK, &v));
+    // The same id with other content: refused, the durable one stays.
+    let other = report(j.clone(), &c1, "durable", &"0".repeat(64));
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/checkpoints",
+            Some(&cred),
+            Some(&other),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+
+    // One that missed its deadline is recorded, and is no resume point.
+    let c2 = uuid::Uuid::now_v7().to_string();
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/checkpoints",
+            Some(&cred),
+            Some(&report(j.clone(), &c2, "missed_deadline", sha)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "missed_deadline");
+    let latest = srv
+        .store()
+        .latest_durable_checkpoint(job, 0)
+        .await
+        .expect("query")
+        .expect("a resume point");
+    assert_eq!(latest.id.to_string(), c1);
+
+    let (s, v) = srv
+        .call(
+            Method::GET,
+            &format!("/v1/jobs/{job}/checkpoints"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let states: Vec<&str> = v["items"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|c| c["state"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(states, ["missed_deadline", "complete"]);
+    let other_team = srv.team_with_token("beta").await;
+    let (s, _) = srv
+        .call(
+            Method::GET,
+            &format!("/v1/jobs/{job}/checkpoints"),
+            Some(&other_team),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "another team's job");
+
+    let (_, events) = srv
+        .call(
+            Method::GET,
+            &format!("/v1/jobs/{job}/events"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    let kinds: Vec<&str> = events["items"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e["type"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(kinds.contains(&"job.checkpointed"), "{events}");
+    assert!(
+        kinds.contains(&"job.checkpoint_missed_deadline"),
+        "{events}"
+    );
+
+    // A node that does not run the job cannot report for it.
+    let c3 = uuid::Uuid::now_v7().to_string();
+    let (s, _) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/checkpoints",
+            Some(&cred_other),
+            Some(&report(j.clone(), &c3, "durable", sha)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    // Unless it was told to checkpoint it.
+    srv.call(
+        Method::POST,
+        &format!("/v1/nodes/{_other}/commands"),
+        Some(ADMIN_TOKEN),
+        Some(
+            &json!({"type": "checkpoint", "job_id": job, "replica": 0, "checkpoint_id": c3,
+            "uri": "s3://ckpt/jobs", "deadline": null}),
+        ),
+    )
+    .await;
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/checkpoints",
+            Some(&cred_other),
+            Some(&report(j.clone(), &c3, "durable", sha)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+
+    // A checkpoint command's result with its manifest records the checkpoint too (when the
+    // report itself was lost), at the place the agent's layout puts the manifest.
+    let c4 = uuid::Uuid::now_v7().to_string();
+    let (_, cmd) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{id}/commands"),
+            Some(ADMIN_TOKEN),
+            Some(
+                &json!({"type": "checkpoint", "job_id": job, "replica": 0, "checkpoint_id": c4,
+                "uri": "s3://ckpt/jobs/x/", "deadline": null}),
+            ),
+        )
+        .await;
+    let manifest = report(j, &c4, "durable", sha)["manifest"].clone();
+    let mut hb = heartbeat(id);
+    hb["results"] = json!([{"command_id": cmd["command"]["id"], "ok": true, "manifest": manifest}]);
+    let (s, _) = srv
+        .call(Method::POST, "/v1/agent/heartbeat", Some(&cred), Some(&hb))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let latest = srv
+        .store()
+        .latest_durable_checkpoint(job, 0)
+        .await
+        .expect("query")
+        .expect("a resume point");
+    assert_eq!(latest.id.to_string(), c4);
+    assert_eq!(
+        latest.uri,
+        format!("s3://ckpt/jobs/x/replica-0/{c4}/manifest.json")
+    );
+    srv.stop().await;
+}
+
+async fn a_mig_layout_result_records_the_layout_the_gpu_has_now(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let (id, cred) = registered(&srv, "n").await;
+    let layout = json!([{"class": "3g", "start": 0}, {"class": "3g", "start": 4}]);
+    let (s, cmd) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{id}/commands"),
+            Some(ADMIN_TOKEN),
+            Some(&json!({"type": "apply_mig_layout", "gpu_index": 0, "layout": layout})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{cmd}");
+    let mut hb = heartbeat(id);
+    hb["results"] = json!([{"command_id": cmd["command"]["id"], "ok": true,
+        "mig_layout": {"gpu_index": 0, "layout": layout}}]);
+    let (s, _) = srv
+        .call(Method::POST, "/v1/agent/heartbeat", Some(&cred), Some(&hb))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(node_json(&srv, id).await["gpus"][0]["mig_layout"], layout);
+    srv.stop().await;
+}
+
+async fn bad_agent_input_gets_a_problem_naming_the_field(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let (id, cred) = registered(&srv, "n").await;
+    let mut body = register_body(id);
+    body["protocol_version"] = json!(99);
+    let (s, v) = srv
+        .call(Method::POST, "/v1/agent/register", Some(&cred), Some(&body))
+        .await;
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("protocol_version")),
+        "{v}"
+    );
+
+    let mut hb = heartbeat(id);
+    hb["telemetry"] = json!([]);
+    let (s, v) = srv
+        .call(Method::POST, "/v1/agent/heartbeat", Some(&cred), Some(&hb))
+        .await;
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("telemetry")),
+        "{v}"
+    );
+
+    let mut hb = heartbeat(id);
+    hb["notice"] = json!({"source": "aws-instance-action", "action": "terminate", "deadline": "soon",
+        "observed_at": chrono::Utc::now()});
+    let (s, v) = srv
+        .call(Method::POST, "/v1/agent/heartbeat", Some(&cred), Some(&hb))
+        .await;
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("notice.deadline")),
+        "{v}"
+    );
+
+    let cmd = uuid::Uuid::now_v7();
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/agent/commands/{cmd}/result"),
+            Some(&cred),
+            Some(&json!({"command_id": uuid::Uuid::now_v7(), "ok": true})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("command_id")),
+        "{v}"
+    );
+
+    let job = JobId(uuid::Uuid::now_v7());
+    let c = uuid::Uuid::now_v7().to_string();
+    let mut r = report(json!(job), &c, "durable", "e3b0");
+    r["manifest"]["total_bytes"] = json!(16);
+    let (s, v) = srv
+        .call(Method::POST, "/v1/agent/checkpoints", Some(&cred), Some(&r))
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let fields: Vec<&str> = v["errors"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e["field"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(fields, ["manifest.files[0].sha256", "manifest.total_bytes"]);
+
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{id}/commands"),
+            Some(ADMIN_TOKEN),
+            Some(&json!({"type": "reboot"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{id}/bootstrap-token"),
+            Some(ADMIN_TOKEN),
+            Some(&json!({"ttl_seconds": 0})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("ttl_seconds")),
+        "{v}"
+    );
+
+    // The OpenAPI document describes the protocol.
+    let (_, doc) = srv.call(Method::GET, "/v1/openapi.json", None, None).await;
+    for p in [
+        "/v1/agent/register",
+        "/v1/agent/heartbeat",
+        "/v1/agent/commands/{id}/result",
+        "/v1/agent/checkpoints",
+        "/v1/nodes/{id}/bootstrap-token",
+        "/v1/nodes/{id}/commands",
+        "/v1/nodes/{id}/agent",
+        "/v1/jobs/{id}/checkpoints",
+    ] {
+        assert!(doc["paths"].get(p).is_some(), "{p} documented");
+    }
+    for s in [
+        "Heartbeat",
+        "CommandKind",
+        "CheckpointReport",
+        "GpuTelemetry",
+    ] {
+        assert!(
+            doc["components"]["schemas"].get(s).is_some(),
+            "{s} documented"
+        );
+    }
+    srv.stop().await;
+}
