@@ -4,8 +4,9 @@
 //! The chain has three states: spot unavailable, available and *young* (the run began less
 //! than `young_ticks` ago), available and *old*. Each has its own chance per tick of ending:
 //! a young run that ends is a blip, and the traces have many (median runs of 20–40 minutes
-//! against means of hours), so a planner that only knew the mean would leave on-demand for
-//! every blip and spend its slack on restarts. Unavailable spot comes back young.
+//! against means of one to four hours), so a planner that only knew the mean would leave
+//! on-demand for every blip and spend its slack on restarts. Unavailable spot comes back
+//! young.
 //!
 //! It is the optimum of [`super::optimal`] with the future replaced by a model of it, so it
 //! weighs what the simple rules cannot: a restart's price and time against how long spot
@@ -15,10 +16,10 @@
 //!
 //! States at a tick, with progress `p`: idle, on a spot instance (restart paid) or on
 //! on-demand, each with the state of spot (young, old or unavailable; on spot, only the
-//! first two). A start is one
-//! move of `R` ticks, as in [`super::optimal`]; a spot preempted during its restart is
-//! counted as idle, spot unavailable, at the end of it (earlier in fact: the model is
-//! pessimistic there). Leaving an instance for another is "stop, then start".
+//! first two). A start is one move of `R` ticks, as in [`super::optimal`]; a spot preempted
+//! during its restart is counted as idle, spot unavailable, at the end of it (earlier in
+//! fact: the model is pessimistic there). Leaving an instance for another is "stop, then
+//! start". A young run ages into an old one with probability `1 / young_ticks` per tick.
 //!
 //! Large problems are planned on a coarser grid: `scale` ticks of time and progress per step,
 //! chosen so that one plan visits at most [`MAX_CELLS`] (time, progress) pairs. The plan is

@@ -313,13 +313,20 @@ proptest! {
             let o = run(&m, name);
             prop_assert_eq!(o.deadline_met, m.feasible(), "{}", name);
             if m.feasible() {
-                prop_assert!(best.cost <= o.cost, "{} beat the optimum: {} < {}", name, o.cost, best.cost);
+                prop_assert!(
+                    best.cost <= o.cost,
+                    "{} beat the optimum: {} < {}", name, o.cost, best.cost
+                );
             }
             // Billed time is the work plus at most one restart per start, at the two prices.
-            prop_assert!(o.spot_ticks + o.on_demand_ticks >= u64::from(m.work) + u64::from(m.restart));
-            prop_assert!(o.spot_ticks + o.on_demand_ticks
-                <= u64::from(m.work) + u64::from(o.restarts) * u64::from(m.restart));
-            prop_assert_eq!(o.cost, o.spot_ticks * m.spot_price[0] + o.on_demand_ticks * m.on_demand_price);
+            let billed = o.spot_ticks + o.on_demand_ticks;
+            prop_assert!(billed >= u64::from(m.work) + u64::from(m.restart));
+            let most = u64::from(m.work) + u64::from(o.restarts) * u64::from(m.restart);
+            prop_assert!(billed <= most);
+            prop_assert_eq!(
+                o.cost,
+                o.spot_ticks * m.spot_price[0] + o.on_demand_ticks * m.on_demand_price
+            );
         }
     }
 
@@ -369,7 +376,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
     #[test]
-    fn any_policy_behind_the_guard_meets_a_feasible_deadline(m in arb_model(120), seed in any::<u64>()) {
+    fn any_policy_behind_the_guard_meets_a_feasible_deadline(
+        m in arb_model(120),
+        seed in any::<u64>(),
+    ) {
         let o = simulate(&m, &mut Guarded(Reckless(seed)));
         prop_assert_eq!(o.deadline_met, m.feasible());
     }
