@@ -40,6 +40,15 @@ use crate::scheduler::snapshot::{Assigned, WaitReason};
 use crate::store::{NewGpu, NewNode, wait_text};
 use crate::store::{SpecCache, Store, StoreError};
 
+/// Every node state but `terminated`: nodes that hold, or will hold, an instance.
+const LIVE: [NodeState; 5] = [
+    NodeState::Requested,
+    NodeState::Booting,
+    NodeState::Ready,
+    NodeState::Draining,
+    NodeState::Terminating,
+];
+
 /// How long a node that just became ready counts as arriving capacity.
 const JUST_READY: Duration = Duration::minutes(1);
 
@@ -216,16 +225,7 @@ impl CapacityLoop {
             (now - t).num_milliseconds().max(0) as f64 / 3_600_000.0
         });
         self.last_round = Some(now);
-        let nodes = self
-            .store
-            .list_nodes(&[
-                NodeState::Requested,
-                NodeState::Booting,
-                NodeState::Ready,
-                NodeState::Draining,
-                NodeState::Terminating,
-            ])
-            .await?;
+        let nodes = self.store.list_nodes(&LIVE).await?;
         let mut fleet = Vec::with_capacity(nodes.len());
         for n in &nodes {
             let gpu_count = u32::try_from(n.gpus.len()).unwrap_or(u32::MAX);
@@ -511,16 +511,7 @@ impl CapacityLoop {
         now: DateTime<Utc>,
         report: &mut CapacityReport,
     ) -> Result<(), StoreError> {
-        let nodes = self
-            .store
-            .list_nodes(&[
-                NodeState::Requested,
-                NodeState::Booting,
-                NodeState::Ready,
-                NodeState::Draining,
-                NodeState::Terminating,
-            ])
-            .await?;
+        let nodes = self.store.list_nodes(&LIVE).await?;
         let by_cluster =
             BTreeMap::from([(tags::CLUSTER.to_owned(), self.settings.cluster.clone())]);
         let providers: Vec<Arc<dyn CloudProvider>> = self.providers.all.clone();
