@@ -24,6 +24,7 @@ pub struct Config {
     pub database: DatabaseConfig,
     pub scheduler: SchedulerSettings,
     pub capacity: CapacityConfig,
+    pub recovery: RecoveryConfig,
     pub object_store: ObjectStoreConfig,
     pub log: LogConfig,
     pub dev: DevConfig,
@@ -232,6 +233,41 @@ impl CapacityConfig {
     }
 }
 
+/// The recovery loop: starting replicas through their agents, notices, checkpoints, requeues
+/// (`reconcile::recovery`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecoveryConfig {
+    pub enabled: bool,
+    /// A registered agent silent this long has lost its node.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_timeout: Duration,
+    /// Retries of a failing job (one whose replica exits non-zero), unless it sets `max_retries`.
+    pub retry_limit: u32,
+    /// Back-off after a job's first failure, doubled each time up to `backoff_max`.
+    #[serde(with = "humantime_serde")]
+    pub backoff_base: Duration,
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// The window a job preempted by the scheduler has to checkpoint.
+    #[serde(with = "humantime_serde")]
+    pub preempt_window: Duration,
+}
+
+impl RecoveryConfig {
+    pub fn settings(&self) -> crate::recovery::Settings {
+        let d = |v: Duration| chrono::Duration::from_std(v).unwrap_or(chrono::Duration::MAX);
+        crate::recovery::Settings {
+            heartbeat_timeout: d(self.heartbeat_timeout),
+            default_retry_limit: self.retry_limit,
+            backoff_base: d(self.backoff_base),
+            backoff_max: d(self.backoff_max),
+            preempt_window: d(self.preempt_window),
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ObjectStoreConfig {
@@ -369,6 +405,18 @@ impl Config {
                 "capacity.cluster",
                 "lowercase letters, digits and '-' only (it is a tag and a GCE label value)",
             );
+        }
+        if self.recovery.heartbeat_timeout < Duration::from_secs(5) {
+            errs.push("recovery.heartbeat_timeout", "must be at least 5s");
+        }
+        if self.recovery.retry_limit > spotplane_core::job::MAX_RETRIES {
+            errs.push(
+                "recovery.retry_limit",
+                format!("must be at most {}", spotplane_core::job::MAX_RETRIES),
+            );
+        }
+        if self.recovery.backoff_max < self.recovery.backoff_base {
+            errs.push("recovery.backoff_max", "must be at least recovery.backoff_base");
         }
         if self.capacity.interval < Duration::from_secs(1) {
             errs.push("capacity.interval", "must be at least 1s");

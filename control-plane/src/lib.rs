@@ -18,6 +18,7 @@ pub mod model;
 pub mod offers;
 pub mod planner;
 pub mod reconcile;
+pub mod recovery;
 pub mod replay;
 pub mod scheduler;
 pub mod server;

@@ -88,8 +88,22 @@ pub struct Job {
     pub state: JobState,
     /// Why the job is in its state, when there is something to say.
     pub state_reason: Option<String>,
-    /// How many times the job has been started (0 until it first runs).
+    /// How many times the job has been placed (0 until it first is); a run that resumes after
+    /// a preemption is a new attempt.
     pub attempt: u32,
+    /// Per replica, the durable checkpoint the next attempt restores (set when it is requeued).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub resume_from: std::collections::BTreeMap<u32, crate::recovery::ResumePoint>,
+    /// GPU-seconds of work lost over the job's life: runs that ended without a durable
+    /// checkpoint, counted from their resume point.
+    #[serde(default)]
+    pub lost_gpu_seconds: i64,
+    /// Failures other than preemptions so far.
+    #[serde(default)]
+    pub failures: u32,
+    /// A requeued job waits for its back-off until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use spotplane_providers::registry::{self, BuildContext, Providers};
+
+use crate::reconcile::recovery::RecoveryLoop;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -127,6 +129,15 @@ impl Server {
         if config.scheduler.enabled {
             let mut scheduling =
                 SchedulerLoop::new(store.clone(), clock.clone(), config.scheduler.clone());
+            if config.recovery.enabled {
+                scheduling = scheduling.with_recovery(RecoveryLoop::new(
+                    store.clone(),
+                    clock.clone(),
+                    Some(Arc::clone(&providers)),
+                    config.recovery.settings(),
+                    config.object_store.url.clone(),
+                ));
+            }
             if config.capacity.enabled {
                 let capacity = CapacityLoop::new(
                     store,

@@ -19,6 +19,8 @@ use crate::validate::{FieldErrors, check_name};
 /// The most replicas one gang may have (Philly's largest jobs gang over 64 GPUs; a gang of
 /// shared-GPU replicas can be wider).
 pub const MAX_REPLICAS: u32 = 1024;
+/// The most retries a job may ask for.
+pub const MAX_RETRIES: u32 = 100;
 pub const DEFAULT_CPU_MILLI: u32 = 1000;
 pub const DEFAULT_MEMORY_MIB: u64 = 4096;
 pub const DEFAULT_CHECKPOINT_INTERVAL_S: u32 = 600;
@@ -252,6 +254,10 @@ pub struct JobSpec {
     pub regions: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// How many times a run that fails (a replica exits non-zero; preemptions do not count) is
+    /// retried, with exponential back-off, before the job ends `failed` (default 3, at most 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retries: Option<u32>,
 }
 
 /// `max_hourly_usd` is written in dollars on the wire and held as micro-dollars.
@@ -296,6 +302,7 @@ impl JobSpec {
             clouds: Vec::new(),
             regions: Vec::new(),
             labels: BTreeMap::new(),
+            max_retries: None,
         }
     }
 
@@ -314,6 +321,14 @@ impl JobSpec {
         let mut errs = FieldErrors::new();
         if let Err(m) = check_name(&self.name) {
             errs.push("name", m);
+        }
+        if let Some(r) = self.max_retries
+            && r > MAX_RETRIES
+        {
+            errs.push(
+                "max_retries",
+                format!("must be at most {MAX_RETRIES}, got {r}"),
+            );
         }
         if self.replicas == 0 || self.replicas > MAX_REPLICAS {
             errs.push(
@@ -466,7 +481,8 @@ impl JobSpec {
 
 /// Job lifecycle. The happy path is `queued -> admitted -> starting -> running -> succeeded`;
 /// on a preemption notice `running -> draining -> checkpointed -> queued`; when a node vanishes
-/// without warning `running -> lost -> queued`.
+/// without warning `running -> lost -> queued`; after a failure with retries left
+/// `running -> queued`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
@@ -531,6 +547,7 @@ impl JobState {
             (Queued, Admitted)
                 | (Admitted, Starting)
                 | (Admitted | Starting, Queued)
+                | (Running, Queued)
                 | (Starting, Running)
                 | (Running, Succeeded)
                 | (Running | Starting, Draining)

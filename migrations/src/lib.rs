@@ -14,6 +14,7 @@ mod m20261130_000001_initial;
 mod m20261130_000002_gpu_desired_layout;
 mod m20261130_000003_agent_protocol;
 mod m20261201_000003_webhooks_and_finance;
+mod m20261201_000004_recovery;
 
 pub struct Migrator;
 
@@ -25,6 +26,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000002_gpu_desired_layout::Migration),
             Box::new(m20261130_000003_agent_protocol::Migration),
             Box::new(m20261201_000003_webhooks_and_finance::Migration),
+            Box::new(m20261201_000004_recovery::Migration),
         ]
     }
 }

@@ -329,6 +329,19 @@ impl CapacityLoop {
                 report.released += 1;
             }
         }
+        // Nodes on their way out: retired ones (their agent went silent) are given back now;
+        // draining ones as soon as no job holds them (no need to pay until the cloud takes them).
+        for node in &nodes {
+            let reason = match node.state {
+                NodeState::Terminating => "retired",
+                NodeState::Draining if !used.contains_key(&node.id) => "drained",
+                _ => continue,
+            };
+            if self.release(node, reason, now).await? {
+                self.idle_since.remove(&node.id);
+                report.released += 1;
+            }
+        }
         Ok(report)
     }
 

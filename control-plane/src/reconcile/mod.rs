@@ -3,5 +3,6 @@
 
 pub mod capacity;
 pub mod ledger;
+pub mod recovery;
 pub mod scheduling;
 pub mod webhooks;

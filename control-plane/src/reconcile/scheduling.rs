@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::SchedulerSettings;
 use crate::reconcile::capacity::CapacityLoop;
+use crate::reconcile::recovery::RecoveryLoop;
 use crate::scheduler::policies::{self, typical_from_shapes};
 use crate::scheduler::{SchedulerConfig, schedule};
 use crate::store::{SpecCache, Store, StoreError};
@@ -37,6 +38,8 @@ pub struct SchedulerLoop {
     cache: SpecCache,
     /// The capacity loop, run by the same leader after a scheduling cycle, at its own pace.
     capacity: Option<(CapacityLoop, Duration, Option<tokio::time::Instant>)>,
+    /// The recovery loop, run by the same leader before each scheduling cycle.
+    recovery: Option<RecoveryLoop>,
 }
 
 impl SchedulerLoop {
@@ -47,7 +50,14 @@ impl SchedulerLoop {
             settings,
             cache: SpecCache::default(),
             capacity: None,
+            recovery: None,
         }
+    }
+
+    /// Also runs `recovery` before every scheduling cycle.
+    pub fn with_recovery(mut self, recovery: RecoveryLoop) -> Self {
+        self.recovery = Some(recovery);
+        self
     }
 
     /// Also runs `capacity` every `interval`, after the scheduling cycle that falls due.
@@ -58,9 +68,14 @@ impl SchedulerLoop {
 
     /// One cycle.
     pub async fn run_once(&mut self) -> Result<CycleReport, StoreError> {
-        let snap = self.store.scheduler_snapshot(&mut self.cache).await?;
+        let mut snap = self.store.scheduler_snapshot(&mut self.cache).await?;
         let reasons = self.store.queued_reasons().await?;
         let now = self.clock.now();
+        // A job backing off after a failure waits its turn out.
+        let backing_off = self.store.jobs_backing_off(now).await?;
+        if !backing_off.is_empty() {
+            snap.queued.retain(|q| !backing_off.contains(&q.id));
+        }
         let cfg = SchedulerConfig {
             candidates: self.settings.candidates,
             preemption: self.settings.preemption,
@@ -163,6 +178,13 @@ impl SchedulerLoop {
                 tracing::warn!("lost leadership");
                 leader = None;
                 continue;
+            }
+            if let Some(recovery) = &mut self.recovery {
+                match recovery.run_once().await {
+                    Ok(r) if !r.is_quiet() => tracing::info!(?r, "recovery round"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "recovery round failed; retrying next tick"),
+                }
             }
             match self.run_once().await {
                 Ok(r) if r.admitted + r.preempted + r.relayouts > 0 => {

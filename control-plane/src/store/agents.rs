@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use spotplane_core::agent::{
     CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger, Command,
-    CommandKind, CommandResult, GpuInfo, GpuTelemetry, Heartbeat, RegisterRequest, ReplicaStatus,
+    CommandKind, CommandResult, GpuInfo, GpuTelemetry, Heartbeat, RegisterRequest, ReplicaPhase, ReplicaStatus,
     TerminationNotice,
 };
 use spotplane_core::{CheckpointId, CommandId, JobId, NodeId, NodeState};
@@ -292,6 +292,43 @@ async fn node_transition_in<C: ConnectionTrait>(
     Ok(true)
 }
 
+/// A termination notice with a deadline, from the node's agent or the cloud's event stream: a
+/// live node moves to `draining` with the deadline (returns true); a node already draining
+/// only takes an earlier deadline; a duplicate, late or out-of-order notice changes nothing else.
+async fn notice_in<C: ConnectionTrait>(
+    txn: &C,
+    row: &node::Model,
+    state: NodeState,
+    deadline: DateTime<Utc>,
+    reason: String,
+    extra: Value,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    if matches!(
+        state,
+        NodeState::Requested | NodeState::Booting | NodeState::Ready
+    ) {
+        return node_transition_in(
+            txn,
+            row,
+            NodeState::Draining,
+            Some(reason),
+            Some(deadline),
+            extra,
+            now,
+        )
+        .await;
+    }
+    if state == NodeState::Draining && row.notice_deadline.is_none_or(|d| deadline < d) {
+        node::Entity::update_many()
+            .col_expr(node::Column::NoticeDeadline, Expr::value(Some(deadline)))
+            .filter(node::Column::Id.eq(row.id.clone()))
+            .exec(txn)
+            .await?;
+    }
+    Ok(false)
+}
+
 /// Records what a (re-)registering agent reports and marks a booting node ready.
 async fn record_registration_in<C: ConnectionTrait>(
     txn: &C,
@@ -507,6 +544,62 @@ async fn record_checkpoint_in<C: ConnectionTrait>(
     checkpoint_from_row(row)
 }
 
+/// Queues a command for a node's agent inside the caller's transaction, with its outbox event.
+/// A terminated node takes no commands.
+pub(crate) async fn enqueue_command_in<C: ConnectionTrait>(
+    txn: &C,
+    node_id: NodeId,
+    kind: CommandKind,
+    now: DateTime<Utc>,
+) -> Result<CommandRecord, StoreError> {
+    let id = CommandId::from_uuid(new_uuid(now));
+    let node_row = node::Entity::find_by_id(node_id.to_string())
+        .one(txn)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("node {node_id}")))?;
+    if parse_col::<NodeState>("nodes", &node_row.id, &node_row.state)?.is_terminal() {
+        return Err(StoreError::Conflict(format!("node {node_id} is terminated")));
+    }
+    let row = agent_command::ActiveModel {
+        id: Set(id.to_string()),
+        node_id: Set(node_id.to_string()),
+        kind: Set(command_kind_name(&kind).to_owned()),
+        body: Set(to_json(&kind)?),
+        created_at: Set(now),
+        delivered_at: Set(None),
+        deliveries: Set(0),
+        completed_at: Set(None),
+        ok: Set(None),
+        result: Set(None),
+    }
+    .insert(txn)
+    .await?;
+    outbox::ActiveModel {
+        kind: Set("node.command_queued".into()),
+        subject_kind: Set("node".into()),
+        subject_id: Set(node_id.to_string()),
+        team_id: Set(None),
+        payload: Set(json!({"node": {"id": node_id}, "command": {"id": id, "type": command_kind_name(&kind)}})),
+        created_at: Set(now),
+        ..Default::default()
+    }
+    .insert(txn)
+    .await?;
+    command_from_row(row)
+}
+
+/// An allocation whose `start` command failed.
+pub(crate) const PHASE_START_FAILED: &str = "start_failed";
+
+pub(crate) fn phase_text(p: ReplicaPhase) -> &'static str {
+    match p {
+        ReplicaPhase::Starting => "starting",
+        ReplicaPhase::Running => "running",
+        ReplicaPhase::Checkpointing => "checkpointing",
+        ReplicaPhase::Exited => "exited",
+    }
+}
+
 /// What happened to one reported command result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ResultApplied {
@@ -607,6 +700,28 @@ async fn apply_result_in<C: ConnectionTrait>(
             {
                 record_checkpoint_in(txn, node_id, &report, now).await?;
             }
+        }
+        (
+            CommandKind::Start {
+                job_id,
+                replica,
+                attempt,
+                ..
+            },
+            _,
+            _,
+        ) if !result.ok => {
+            // The replica never ran (its checkpoint could not be restored, the command not
+            // found): the recovery loop counts it as a failure of the job.
+            allocation::Entity::update_many()
+                .col_expr(allocation::Column::Phase, Expr::value(PHASE_START_FAILED))
+                .col_expr(allocation::Column::PhaseAt, Expr::value(Some(now)))
+                .filter(allocation::Column::JobId.eq(job_id.to_string()))
+                .filter(allocation::Column::Replica.eq(i32::try_from(*replica).unwrap_or(i32::MAX)))
+                .filter(allocation::Column::Attempt.eq(i32::try_from(*attempt).unwrap_or(i32::MAX)))
+                .filter(allocation::Column::NodeId.eq(node_id.to_string()))
+                .exec(txn)
+                .await?;
         }
         _ => {}
     }
@@ -842,6 +957,22 @@ impl Store {
                 .filter(node::Column::Id.eq(node_id.to_string()))
                 .exec(&txn)
                 .await?;
+            // Each replica's phase goes on its allocation (this attempt, this node), so an exit
+            // is kept until the recovery loop has acted on it.
+            for r in &hb.replicas {
+                allocation::Entity::update_many()
+                    .col_expr(allocation::Column::Phase, Expr::value(phase_text(r.phase)))
+                    .col_expr(allocation::Column::ExitCode, Expr::value(r.exit_code))
+                    .col_expr(allocation::Column::PhaseAt, Expr::value(Some(now)))
+                    .filter(allocation::Column::JobId.eq(r.job_id.to_string()))
+                    .filter(allocation::Column::Replica.eq(i32::try_from(r.replica).unwrap_or(i32::MAX)))
+                    .filter(allocation::Column::Attempt.eq(i32::try_from(r.attempt).unwrap_or(i32::MAX)))
+                    .filter(allocation::Column::NodeId.eq(node_id.to_string()))
+                    .filter(allocation::Column::ReleasedAt.is_null())
+                    .filter(allocation::Column::Phase.ne(PHASE_START_FAILED).or(allocation::Column::Phase.is_null()))
+                    .exec(&txn)
+                    .await?;
+            }
             for r in &hb.results {
                 if apply_result_in(&txn, node_id, r, now).await? == ResultApplied::NotThisNodes {
                     tracing::warn!(node = %node_id, command = %r.command_id, "result for a command this node was not sent; ignored");
@@ -865,27 +996,7 @@ impl Store {
                         n.action,
                         deadline.to_rfc3339()
                     );
-                    if matches!(
-                        state,
-                        NodeState::Requested | NodeState::Booting | NodeState::Ready
-                    ) {
-                        drained = node_transition_in(
-                            &txn,
-                            &node_row,
-                            NodeState::Draining,
-                            Some(reason),
-                            Some(deadline),
-                            json!({"notice": n}),
-                            now,
-                        )
-                        .await?;
-                    } else if node_row.notice_deadline.is_none_or(|d| deadline < d) {
-                        node::Entity::update_many()
-                            .col_expr(node::Column::NoticeDeadline, Expr::value(Some(deadline)))
-                            .filter(node::Column::Id.eq(node_id.to_string()))
-                            .exec(&txn)
-                            .await?;
-                    }
+                    drained = notice_in(&txn, &node_row, state, deadline, reason, json!({"notice": n}), now).await?;
                 }
                 if !drained {
                     outbox::ActiveModel {
@@ -976,45 +1087,44 @@ impl Store {
         kind: CommandKind,
         now: DateTime<Utc>,
     ) -> Result<CommandRecord, StoreError> {
-        let id = CommandId::from_uuid(new_uuid(now));
         self.measured("enqueue_agent_command", || async {
             let txn = self.write.begin().await?;
-            let node_row = node::Entity::find_by_id(node_id.to_string())
+            let rec = enqueue_command_in(&txn, node_id, kind.clone(), now).await?;
+            txn.commit().await?;
+            Ok(rec)
+        })
+        .await
+    }
+
+    /// A termination notice from a cloud's event stream for the instance `provider_id`: the
+    /// node moves to `draining` as with an agent's notice (see `notice_in`). Returns the node,
+    /// or `None` when no live node has that instance (logged and dropped by the caller).
+    pub async fn provider_notice(
+        &self,
+        cloud: spotplane_core::Cloud,
+        provider_id: &str,
+        deadline: DateTime<Utc>,
+        what: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<NodeId>, StoreError> {
+        self.measured("provider_notice", || async {
+            let txn = self.write.begin().await?;
+            let Some(row) = node::Entity::find()
+                .filter(node::Column::Cloud.eq(cloud.to_string()))
+                .filter(node::Column::ProviderInstanceId.eq(provider_id.to_owned()))
                 .one(&txn)
                 .await?
-                .ok_or_else(|| StoreError::NotFound(format!("node {node_id}")))?;
-            if parse_col::<NodeState>("nodes", &node_row.id, &node_row.state)?.is_terminal() {
-                return Err(StoreError::Conflict(format!(
-                    "node {node_id} is terminated"
-                )));
-            }
-            let row = agent_command::ActiveModel {
-                id: Set(id.to_string()),
-                node_id: Set(node_id.to_string()),
-                kind: Set(command_kind_name(&kind).to_owned()),
-                body: Set(to_json(&kind)?),
-                created_at: Set(now),
-                delivered_at: Set(None),
-                deliveries: Set(0),
-                completed_at: Set(None),
-                ok: Set(None),
-                result: Set(None),
-            }
-            .insert(&txn)
-            .await?;
-            outbox::ActiveModel {
-                kind: Set("node.command_queued".into()),
-                subject_kind: Set("node".into()),
-                subject_id: Set(node_id.to_string()),
-                team_id: Set(None),
-                payload: Set(json!({"node": {"id": node_id}, "command": {"id": id, "type": command_kind_name(&kind)}})),
-                created_at: Set(now),
-                ..Default::default()
-            }
-            .insert(&txn)
-            .await?;
+            else {
+                return Ok(None);
+            };
+            let state: NodeState = parse_col("nodes", &row.id, &row.state)?;
+            let reason = format!(
+                "termination notice ({cloud} event stream, {what}) for {}",
+                deadline.to_rfc3339()
+            );
+            notice_in(&txn, &row, state, deadline, reason, json!({"source": "provider"}), now).await?;
             txn.commit().await?;
-            command_from_row(row)
+            Ok(Some(parse_col("nodes", &row.id, &row.id)?))
         })
         .await
     }

@@ -61,6 +61,13 @@ fn job_from_row(row: job::Model) -> Result<Job, StoreError> {
         state: parse_col("jobs", &row.id, &row.state)?,
         state_reason: row.state_reason,
         attempt: u32::try_from(row.attempt).map_err(|e| StoreError::corrupt("jobs", &row.id, e))?,
+        resume_from: match row.resume_from {
+            Some(v) => from_json("jobs", &row.id, v)?,
+            None => Default::default(),
+        },
+        lost_gpu_seconds: row.lost_gpu_seconds,
+        failures: u32::try_from(row.failures).unwrap_or(0),
+        not_before: row.not_before,
         created_at: row.created_at,
         updated_at: row.updated_at,
         finished_at: row.finished_at,
@@ -334,6 +341,15 @@ pub(crate) async fn job_event_in<C: ConnectionTrait>(
         .filter(job::Column::Version.eq(row.version));
     if to.is_terminal() {
         upd = upd.col_expr(job::Column::FinishedAt, Expr::value(Some(now)));
+    }
+    match to {
+        JobState::Running => {
+            upd = upd.col_expr(job::Column::RunningSince, Expr::value(Some(now)));
+        }
+        JobState::Draining => {
+            upd = upd.col_expr(job::Column::DrainStartedAt, Expr::value(Some(now)));
+        }
+        _ => {}
     }
     if upd.exec(txn).await?.rows_affected != 1 {
         return Err(StoreError::Conflict(format!(

@@ -27,6 +27,7 @@ mod jobs;
 mod leader;
 mod nodes;
 mod outbox;
+mod recovery;
 mod scheduling;
 mod submit;
 mod teams;

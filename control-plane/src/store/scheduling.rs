@@ -307,13 +307,20 @@ impl Store {
                 )));
             }
             let spec: JobSpec = from_json("jobs", &row.id, row.spec.clone())?;
+            // Each admission is a new attempt: its replicas, commands and checkpoints carry it.
+            let attempt = row.attempt + 1;
+            job::Entity::update_many()
+                .col_expr(job::Column::Attempt, Expr::value(attempt))
+                .filter(job::Column::Id.eq(row.id.clone()))
+                .exec(&txn)
+                .await?;
             for p in placements {
                 let (gpu_indices, mig, gpu_milli) = assigned_to_json(&p.assigned);
                 allocation::ActiveModel {
                     id: Set(new_uuid(now).to_string()),
                     job_id: Set(row.id.clone()),
                     replica: Set(p.replica as i32),
-                    attempt: Set(row.attempt),
+                    attempt: Set(attempt),
                     node_id: Set(p.node.to_string()),
                     gpu_indices: Set(gpu_indices),
                     mig: Set(mig),
@@ -322,6 +329,10 @@ impl Store {
                     memory_mib: Set(spec.memory_mib as i64),
                     created_at: Set(now),
                     released_at: Set(None),
+                    phase: Set(None),
+                    exit_code: Set(None),
+                    phase_at: Set(None),
+                    started_at: Set(None),
                 }
                 .insert(&txn)
                 .await?;

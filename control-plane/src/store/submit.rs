@@ -159,6 +159,10 @@ fn queued_job(new: &NewJob, now: DateTime<Utc>) -> Job {
         state: JobState::Queued,
         state_reason: None,
         attempt: 0,
+        resume_from: Default::default(),
+        lost_gpu_seconds: 0,
+        failures: 0,
+        not_before: None,
         created_at: now,
         updated_at: now,
         finished_at: None,
@@ -197,6 +201,13 @@ fn rows(
         created_at: Set(now),
         updated_at: Set(now),
         finished_at: Set(None),
+        resume_from: Set(None),
+        lost_gpu_seconds: Set(0),
+        failures: Set(0),
+        not_before: Set(None),
+        running_since: Set(None),
+        drain_started_at: Set(None),
+        checkpoint_requested_at: Set(None),
     };
     let kind = format!("job.{}", JobState::Queued);
     let event = job_event::ActiveModel {

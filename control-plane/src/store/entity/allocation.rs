@@ -16,6 +16,10 @@ pub struct Model {
     pub memory_mib: i64,
     pub created_at: DateTimeUtc,
     pub released_at: Option<DateTimeUtc>,
+    pub phase: Option<String>,
+    pub exit_code: Option<i32>,
+    pub phase_at: Option<DateTimeUtc>,
+    pub started_at: Option<DateTimeUtc>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -19,6 +19,13 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
     pub finished_at: Option<DateTimeUtc>,
+    pub resume_from: Option<Json>,
+    pub lost_gpu_seconds: i64,
+    pub failures: i32,
+    pub not_before: Option<DateTimeUtc>,
+    pub running_since: Option<DateTimeUtc>,
+    pub drain_started_at: Option<DateTimeUtc>,
+    pub checkpoint_requested_at: Option<DateTimeUtc>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

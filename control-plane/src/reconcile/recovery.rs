@@ -1,0 +1,250 @@
+//! The recovery loop: hears the clouds' event streams, reads a snapshot, runs the pure
+//! `recovery::plan` on it, and writes each action as its own transaction. An action that no
+//! longer applies (the job was cancelled, a node changed meanwhile) is skipped; the next round
+//! sees the new state.
+
+use std::sync::Arc;
+
+use spotplane_core::agent::CommandKind;
+use spotplane_providers::InterruptionKind;
+use spotplane_providers::registry::Providers;
+
+use crate::clock::SharedClock;
+use crate::recovery::{self, Action, Settings};
+use crate::store::{Store, StoreError};
+
+/// What one round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub notices: usize,
+    pub started: usize,
+    pub transitions: usize,
+    pub checkpoints: usize,
+    pub drains: usize,
+    pub stops: usize,
+    pub requeued: usize,
+    pub failed: usize,
+    pub nodes_lost: usize,
+    pub stale: usize,
+}
+
+impl RecoveryReport {
+    pub fn is_quiet(&self) -> bool {
+        *self == RecoveryReport::default()
+    }
+}
+
+pub struct RecoveryLoop {
+    store: Store,
+    clock: SharedClock,
+    providers: Option<Arc<Providers>>,
+    settings: Settings,
+    /// Checkpoint prefix of jobs that name none (`<object_store.url>/jobs/<id>`).
+    default_root: String,
+}
+
+impl RecoveryLoop {
+    pub fn new(
+        store: Store,
+        clock: SharedClock,
+        providers: Option<Arc<Providers>>,
+        settings: Settings,
+        default_root: String,
+    ) -> Self {
+        RecoveryLoop {
+            store,
+            clock,
+            providers,
+            settings,
+            default_root,
+        }
+    }
+
+    /// Notices from the clouds' own event streams (EventBridge/SQS and the like): a preemption
+    /// with a deadline drains its node. Unknown instances are logged and dropped.
+    async fn hear_providers(&self, report: &mut RecoveryReport) -> Result<(), StoreError> {
+        let Some(providers) = &self.providers else {
+            return Ok(());
+        };
+        for p in &providers.all {
+            let events = match p.drain_interruptions().await {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(cloud = %p.cloud(), error = %e, "reading interruption events failed");
+                    continue;
+                }
+            };
+            for e in events {
+                let (Some(deadline), InterruptionKind::Preemption | InterruptionKind::Maintenance) =
+                    (e.deadline, e.kind)
+                else {
+                    tracing::debug!(cloud = %p.cloud(), instance = %e.provider_id, kind = ?e.kind, "interruption event without a deadline; noted only");
+                    continue;
+                };
+                let what = format!("{:?}", e.kind).to_lowercase();
+                match self
+                    .store
+                    .provider_notice(p.cloud(), &e.provider_id, deadline, &what, self.clock.now())
+                    .await?
+                {
+                    Some(node) => {
+                        tracing::info!(%node, instance = %e.provider_id, %deadline, "termination notice from the cloud");
+                        report.notices += 1;
+                    }
+                    None => {
+                        tracing::debug!(instance = %e.provider_id, "notice for an instance no node has; dropped")
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One round.
+    pub async fn run_once(&mut self) -> Result<RecoveryReport, StoreError> {
+        let mut report = RecoveryReport::default();
+        self.hear_providers(&mut report).await?;
+        let snap = self
+            .store
+            .recovery_snapshot(self.settings.default_retry_limit)
+            .await?;
+        let now = self.clock.now();
+        let actions = recovery::plan(now, &snap, &self.settings);
+        for a in actions {
+            let res = self.apply(&a, now, &mut report).await;
+            match res {
+                Ok(()) => {}
+                Err(StoreError::Conflict(why) | StoreError::NotFound(why)) => {
+                    tracing::debug!(?a, %why, "recovery action dropped");
+                    report.stale += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(report)
+    }
+
+    async fn apply(
+        &self,
+        a: &Action,
+        now: chrono::DateTime<chrono::Utc>,
+        report: &mut RecoveryReport,
+    ) -> Result<(), StoreError> {
+        match a {
+            Action::Start {
+                job,
+                node,
+                replica,
+                attempt,
+                devices,
+                resume_from,
+            } => {
+                self.store
+                    .start_replica(
+                        *job,
+                        *node,
+                        *replica,
+                        *attempt,
+                        devices.clone(),
+                        resume_from.as_ref().map(|p| p.uri.clone()),
+                        &self.default_root,
+                        now,
+                    )
+                    .await?;
+                report.started += 1;
+            }
+            Action::Transition {
+                job,
+                from,
+                to,
+                reason,
+            } => {
+                self.store
+                    .transition_job(*job, None, Some(*from), *to, reason.clone(), now)
+                    .await?;
+                report.transitions += 1;
+            }
+            Action::Checkpoint {
+                job,
+                node,
+                replica,
+                deadline,
+            } => {
+                self.store
+                    .request_checkpoint(*job, *node, *replica, *deadline, &self.default_root, now)
+                    .await?;
+                report.checkpoints += 1;
+            }
+            Action::Drain { node, deadline } => {
+                self.store
+                    .enqueue_agent_command(
+                        *node,
+                        CommandKind::Drain {
+                            deadline: *deadline,
+                            reason: Some("the cloud is taking the node".into()),
+                        },
+                        now,
+                    )
+                    .await?;
+                report.drains += 1;
+            }
+            Action::Stop { job, node, replica } => {
+                self.store
+                    .enqueue_agent_command(
+                        *node,
+                        CommandKind::Stop {
+                            job_id: *job,
+                            replica: *replica,
+                            grace_ms: u64::try_from(self.settings.stop_grace.num_milliseconds())
+                                .unwrap_or(0),
+                        },
+                        now,
+                    )
+                    .await?;
+                report.stops += 1;
+            }
+            Action::Requeue {
+                job,
+                from,
+                how,
+                resume_from,
+                lost_gpu_seconds,
+                not_before,
+                reason,
+            } => {
+                self.store
+                    .requeue_job(
+                        *job,
+                        *from,
+                        *how,
+                        resume_from,
+                        *lost_gpu_seconds,
+                        *not_before,
+                        reason,
+                        now,
+                    )
+                    .await?;
+                report.requeued += 1;
+            }
+            Action::Fail { job, from, reason } => {
+                self.store
+                    .transition_job(
+                        *job,
+                        None,
+                        Some(*from),
+                        spotplane_core::JobState::Failed,
+                        Some(reason.clone()),
+                        now,
+                    )
+                    .await?;
+                report.failed += 1;
+            }
+            Action::NodeLost { node, reason } => {
+                tracing::warn!(%node, %reason, "node lost");
+                self.store.node_lost(*node, reason, now).await?;
+                report.nodes_lost += 1;
+            }
+        }
+        Ok(())
+    }
+}

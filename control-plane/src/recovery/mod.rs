@@ -1,0 +1,705 @@
+//! Recovery: the pure core that runs a job's replicas through their agents and brings the job
+//! back when a cloud takes a node (DESIGN.md "Recovery", "Lifecycles").
+//!
+//! `plan(now, snapshot, settings) -> Vec<Action>` reads what the store knows — jobs holding
+//! capacity with their allocations as the agents last reported them, the nodes under them (a
+//! notice and its deadline, when the agent was last heard), the durable checkpoints, the
+//! replicas each agent says it runs and the commands not yet answered — and says what to do
+//! next. No I/O, no clock; the loop in `reconcile::recovery` writes each action as one
+//! transaction, and anything that changed meanwhile is simply seen again next round.
+//!
+//! The rules, per job:
+//! - `admitted`: queue a `start` for every replica (restoring its resume point), then `starting`.
+//! - `starting`: `running` once every replica runs; back to the queue (no work lost) if a node
+//!   goes before it does.
+//! - `running`: `succeeded` once every replica exited 0; a replica that exits otherwise is a
+//!   failure — requeued after a back-off (`2^(n-1) ×` the base, capped) until the job's retry
+//!   limit, then `failed` with the reason; a periodic checkpoint of every replica when its
+//!   interval has passed.
+//! - a node of the job gets a notice (or is drained): the job goes `draining`; replicas on that
+//!   node checkpoint (the agent does so on its own when it saw the notice, else it is sent a
+//!   `drain`), replicas of the gang on other nodes are sent a `checkpoint` with the same deadline.
+//! - `draining`: once every replica has a durable checkpoint taken since the drain began,
+//!   `checkpointed` and back to the queue with those checkpoints as `resume_from`, ahead of its
+//!   priority peers. If the deadline passes (or a node dies) first, `lost`: the gang falls back
+//!   to its last checkpoint round that every replica completed, and the GPU-seconds since then
+//!   are recorded on the job.
+//! - a node that dies without notice (the cloud says it is gone, or its agent stopped
+//!   heartbeating) takes its jobs to `lost` the same way; a silent node is retired.
+//! - a replica an agent still runs but that no live job wants (cancelled, requeued, finished) is
+//!   stopped, once.
+//!
+//! Multi-node gangs restart whole, every replica from the same checkpoint round.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+use spotplane_core::agent::ReplicaPhase;
+use spotplane_core::{CheckpointId, JobId, JobState, NodeId, NodeState};
+
+#[cfg(test)]
+mod tests;
+
+/// The durable checkpoint a replica resumes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ResumePoint {
+    pub checkpoint_id: CheckpointId,
+    /// The manifest's location in the object store.
+    pub uri: String,
+    pub completed_at: DateTime<Utc>,
+}
+
+/// Tunables of the recovery loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// A registered agent silent this long has lost its node.
+    pub heartbeat_timeout: Duration,
+    /// How long after a notice's deadline the reports may still come in.
+    pub deadline_grace: Duration,
+    /// Back-off after the first failure; doubled each time, up to `backoff_max`.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// Failures (other than preemptions) a job may have before it ends `failed`.
+    pub default_retry_limit: u32,
+    /// Time a stopped replica gets between SIGTERM and SIGKILL.
+    pub stop_grace: Duration,
+    /// Checkpoints of one round finish within this of each other (a round is asked for at once).
+    pub round_spread: Duration,
+    /// The window a job preempted by the scheduler (no cloud deadline) has to checkpoint.
+    pub preempt_window: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            heartbeat_timeout: Duration::seconds(60),
+            deadline_grace: Duration::seconds(15),
+            backoff_base: Duration::seconds(30),
+            backoff_max: Duration::minutes(30),
+            default_retry_limit: 3,
+            stop_grace: Duration::seconds(20),
+            round_spread: Duration::seconds(60),
+            preempt_window: Duration::minutes(5),
+        }
+    }
+}
+
+/// A node under a job, as far as recovery cares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    pub id: NodeId,
+    pub state: NodeState,
+    /// When the cloud takes it, for a draining node.
+    pub notice_deadline: Option<DateTime<Utc>>,
+    /// Whether the node's own agent saw the notice (and so checkpoints by itself).
+    pub agent_saw_notice: bool,
+    /// When its agent was last heard; `None` if no agent ever registered.
+    pub agent_last_seen: Option<DateTime<Utc>>,
+}
+
+/// One replica's place and what its agent last said of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllocView {
+    pub replica: u32,
+    pub attempt: u32,
+    pub node: NodeId,
+    /// GPU-milli this replica holds (1000 per whole GPU; a MIG slice counts its compute share).
+    pub gpu_milli: u32,
+    pub devices: Vec<String>,
+    /// When its start was queued; `None` if not yet.
+    pub started_at: Option<DateTime<Utc>>,
+    pub phase: Option<ReplicaPhase>,
+    pub exit_code: Option<i32>,
+}
+
+/// A durable checkpoint of one replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointView {
+    pub replica: u32,
+    pub attempt: u32,
+    pub point: ResumePoint,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobView {
+    pub id: JobId,
+    pub state: JobState,
+    pub attempt: u32,
+    pub replicas: u32,
+    pub retry_limit: u32,
+    pub failures: u32,
+    pub checkpoint_interval: Option<Duration>,
+    pub running_since: Option<DateTime<Utc>>,
+    pub drain_started_at: Option<DateTime<Utc>>,
+    pub checkpoint_requested_at: Option<DateTime<Utc>>,
+    pub resume_from: BTreeMap<u32, ResumePoint>,
+    pub allocs: Vec<AllocView>,
+    /// Durable checkpoints, any order.
+    pub durable: Vec<CheckpointView>,
+}
+
+/// A replica an agent reports running.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportedReplica {
+    pub node: NodeId,
+    pub job: JobId,
+    pub replica: u32,
+    pub attempt: u32,
+    pub phase: ReplicaPhase,
+}
+
+/// A command sent to a node and not answered yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingCommand {
+    pub node: NodeId,
+    pub kind: PendingKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PendingKind {
+    Checkpoint { job: JobId, replica: u32 },
+    Stop { job: JobId, replica: u32 },
+    Drain,
+    Other,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub jobs: Vec<JobView>,
+    /// Every node the jobs use, plus every live node with an agent.
+    pub nodes: Vec<NodeView>,
+    pub reported: Vec<ReportedReplica>,
+    pub pending: Vec<PendingCommand>,
+}
+
+/// How a run that did not finish goes back to the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeue {
+    /// Every replica checkpointed in time: `checkpointed`, then `queued`.
+    Checkpointed,
+    /// Work since the resume point is gone: `lost`, then `queued`.
+    Lost,
+    /// It had not started yet: straight back to `queued`.
+    NotStarted,
+    /// A failure with retries left: `queued` after the back-off.
+    Failure,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Queue a `start` of one replica (and mark its allocation started).
+    Start {
+        job: JobId,
+        node: NodeId,
+        replica: u32,
+        attempt: u32,
+        devices: Vec<String>,
+        resume_from: Option<ResumePoint>,
+    },
+    /// Move a job along its lifecycle (`admitted -> starting`, `starting -> running`,
+    /// `running|starting -> draining`, `running -> succeeded`).
+    Transition {
+        job: JobId,
+        from: JobState,
+        to: JobState,
+        reason: Option<String>,
+    },
+    /// Ask one replica for a checkpoint (periodic or for a drain elsewhere in its gang).
+    Checkpoint {
+        job: JobId,
+        node: NodeId,
+        replica: u32,
+        deadline: Option<DateTime<Utc>>,
+    },
+    /// Tell a node to checkpoint and stop everything (the notice came from the cloud's stream).
+    Drain {
+        node: NodeId,
+        deadline: Option<DateTime<Utc>>,
+    },
+    /// Stop a replica nobody wants any more.
+    Stop {
+        job: JobId,
+        node: NodeId,
+        replica: u32,
+    },
+    /// Put a run that did not finish back in the queue.
+    Requeue {
+        job: JobId,
+        from: JobState,
+        how: Requeue,
+        resume_from: BTreeMap<u32, ResumePoint>,
+        lost_gpu_seconds: i64,
+        not_before: Option<DateTime<Utc>>,
+        reason: String,
+    },
+    /// End a job that failed too often.
+    Fail {
+        job: JobId,
+        from: JobState,
+        reason: String,
+    },
+    /// Retire a node whose agent went silent: the work on it is lost.
+    NodeLost { node: NodeId, reason: String },
+}
+
+pub fn plan(now: DateTime<Utc>, snap: &Snapshot, s: &Settings) -> Vec<Action> {
+    let nodes: HashMap<NodeId, &NodeView> = snap.nodes.iter().map(|n| (n.id, n)).collect();
+    let mut out = Vec::new();
+
+    // Nodes whose agent went silent.
+    let mut silent: HashSet<NodeId> = HashSet::new();
+    for n in &snap.nodes {
+        if matches!(n.state, NodeState::Ready | NodeState::Draining)
+            && let Some(seen) = n.agent_last_seen
+            && now - seen > s.heartbeat_timeout
+        {
+            silent.insert(n.id);
+            out.push(Action::NodeLost {
+                node: n.id,
+                reason: format!(
+                    "its agent has been silent since {}",
+                    seen.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+            });
+        }
+    }
+    let gone = |id: &NodeId| {
+        silent.contains(id)
+            || nodes
+                .get(id)
+                .is_none_or(|n| matches!(n.state, NodeState::Terminating | NodeState::Terminated))
+    };
+    let draining = |id: &NodeId| {
+        nodes
+            .get(id)
+            .is_some_and(|n| n.state == NodeState::Draining)
+    };
+    let pending_checkpoint: HashSet<(JobId, u32)> = snap
+        .pending
+        .iter()
+        .filter_map(|p| match p.kind {
+            PendingKind::Checkpoint { job, replica } => Some((job, replica)),
+            _ => None,
+        })
+        .collect();
+    let pending_drain: HashSet<NodeId> = snap
+        .pending
+        .iter()
+        .filter(|p| p.kind == PendingKind::Drain)
+        .map(|p| p.node)
+        .collect();
+    let mut drains_sent: HashSet<NodeId> = HashSet::new();
+
+    // Replicas the live jobs want, by (job, replica) -> (attempt, node).
+    let mut wanted: HashMap<(JobId, u32), (u32, NodeId)> = HashMap::new();
+
+    for j in &snap.jobs {
+        let keep = plan_job(now, j, s, &gone, &draining, &nodes, &mut out, |node, deadline| {
+            // A drain command for a draining node whose agent did not see the notice, once.
+            (!pending_drain.contains(&node) && drains_sent.insert(node))
+                .then_some(Action::Drain { node, deadline })
+        }, &pending_checkpoint);
+        if keep {
+            for a in &j.allocs {
+                wanted.insert((j.id, a.replica), (a.attempt, a.node));
+            }
+        }
+    }
+
+    // Replicas no live job wants any more: stop them, once.
+    let stopping: HashSet<(NodeId, JobId, u32)> = snap
+        .pending
+        .iter()
+        .filter_map(|p| match p.kind {
+            PendingKind::Stop { job, replica } => Some((p.node, job, replica)),
+            _ => None,
+        })
+        .collect();
+    for r in &snap.reported {
+        if r.phase == ReplicaPhase::Exited || gone(&r.node) {
+            continue;
+        }
+        let ok = wanted
+            .get(&(r.job, r.replica))
+            .is_some_and(|(attempt, node)| *attempt == r.attempt && *node == r.node);
+        if !ok && !stopping.contains(&(r.node, r.job, r.replica)) {
+            out.push(Action::Stop {
+                job: r.job,
+                node: r.node,
+                replica: r.replica,
+            });
+        }
+    }
+    out
+}
+
+/// Plans one job; returns whether its current allocations stay wanted.
+#[allow(clippy::too_many_arguments)]
+fn plan_job(
+    now: DateTime<Utc>,
+    j: &JobView,
+    s: &Settings,
+    gone: &dyn Fn(&NodeId) -> bool,
+    draining: &dyn Fn(&NodeId) -> bool,
+    nodes: &HashMap<NodeId, &NodeView>,
+    out: &mut Vec<Action>,
+    mut drain: impl FnMut(NodeId, Option<DateTime<Utc>>) -> Option<Action>,
+    pending_checkpoint: &HashSet<(JobId, u32)>,
+) -> bool {
+    let any_gone = j.allocs.iter().any(|a| gone(&a.node));
+    let notice_deadline = j
+        .allocs
+        .iter()
+        .filter(|a| draining(&a.node))
+        .filter_map(|a| nodes.get(&a.node).and_then(|n| n.notice_deadline))
+        .min();
+    let any_draining = j.allocs.iter().any(|a| draining(&a.node));
+
+    match j.state {
+        JobState::Admitted | JobState::Starting if any_gone || any_draining => {
+            out.push(Action::Requeue {
+                job: j.id,
+                from: j.state,
+                how: Requeue::NotStarted,
+                resume_from: j.resume_from.clone(),
+                lost_gpu_seconds: 0,
+                not_before: None,
+                reason: "requeued: its node is going before the job started".into(),
+            });
+            false
+        }
+        JobState::Admitted => {
+            for a in j.allocs.iter().filter(|a| a.started_at.is_none()) {
+                out.push(Action::Start {
+                    job: j.id,
+                    node: a.node,
+                    replica: a.replica,
+                    attempt: a.attempt,
+                    devices: a.devices.clone(),
+                    resume_from: j.resume_from.get(&a.replica).cloned(),
+                });
+            }
+            out.push(Action::Transition {
+                job: j.id,
+                from: JobState::Admitted,
+                to: JobState::Starting,
+                reason: None,
+            });
+            true
+        }
+        JobState::Starting | JobState::Running => {
+            if any_gone {
+                out.push(lost(now, j, s, "a node of the job was lost without notice"));
+                return false;
+            }
+            if let Some(a) = j.allocs.iter().find(|a| {
+                a.phase == Some(ReplicaPhase::Exited) && a.exit_code != Some(0)
+            }) {
+                let why = match a.exit_code {
+                    Some(c) => format!("replica {} exited with status {c}", a.replica),
+                    None => format!("replica {} was killed", a.replica),
+                };
+                out.push(failure(now, j, s, &why));
+                return false;
+            }
+            if !j.allocs.is_empty()
+                && j.allocs
+                    .iter()
+                    .all(|a| a.phase == Some(ReplicaPhase::Exited) && a.exit_code == Some(0))
+            {
+                if j.state == JobState::Starting {
+                    out.push(Action::Transition {
+                        job: j.id,
+                        from: JobState::Starting,
+                        to: JobState::Running,
+                        reason: None,
+                    });
+                }
+                out.push(Action::Transition {
+                    job: j.id,
+                    from: JobState::Running,
+                    to: JobState::Succeeded,
+                    reason: None,
+                });
+                return false;
+            }
+            if any_draining {
+                out.push(Action::Transition {
+                    job: j.id,
+                    from: j.state,
+                    to: JobState::Draining,
+                    reason: Some(match notice_deadline {
+                        Some(d) => format!(
+                            "a node of the job is being taken at {}; checkpointing",
+                            d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                        ),
+                        None => "a node of the job is draining; checkpointing".into(),
+                    }),
+                });
+                drain_commands(now, j, s, draining, nodes, out, &mut drain, pending_checkpoint);
+                return true;
+            }
+            if j.state == JobState::Starting
+                && j.allocs.iter().all(|a| {
+                    matches!(
+                        a.phase,
+                        Some(ReplicaPhase::Running | ReplicaPhase::Checkpointing)
+                    )
+                })
+            {
+                out.push(Action::Transition {
+                    job: j.id,
+                    from: JobState::Starting,
+                    to: JobState::Running,
+                    reason: (!j.resume_from.is_empty())
+                        .then(|| "resumed from its checkpoint".to_owned()),
+                });
+                return true;
+            }
+            if j.state == JobState::Running
+                && let Some(every) = j.checkpoint_interval
+            {
+                let last = [
+                    j.checkpoint_requested_at,
+                    j.running_since,
+                    round_at_most(j, None, s.round_spread).map(|(_, at)| at),
+                ]
+                .into_iter()
+                .flatten()
+                .max();
+                let busy = j.allocs.iter().any(|a| {
+                    a.phase == Some(ReplicaPhase::Checkpointing)
+                        || pending_checkpoint.contains(&(j.id, a.replica))
+                });
+                if last.is_some_and(|t| now - t >= every) && !busy {
+                    for a in &j.allocs {
+                        out.push(Action::Checkpoint {
+                            job: j.id,
+                            node: a.node,
+                            replica: a.replica,
+                            deadline: Some(now + every.min(Duration::minutes(10))),
+                        });
+                    }
+                }
+            }
+            true
+        }
+        JobState::Draining => {
+            let since = j.drain_started_at.unwrap_or(now);
+            let asked = j.checkpoint_requested_at.is_some_and(|t| t >= since);
+            // A checkpoint the agent started on the notice may have begun just before the control
+            // plane heard of it; one round's spread is allowed.
+            let fresh: BTreeMap<u32, &ResumePoint> = j
+                .allocs
+                .iter()
+                .filter_map(|a| {
+                    j.durable
+                        .iter()
+                        .filter(|c| {
+                            c.replica == a.replica
+                                && c.attempt == a.attempt
+                                && c.point.completed_at >= since - s.round_spread
+                        })
+                        .max_by_key(|c| c.point.completed_at)
+                        .map(|c| (a.replica, &c.point))
+                })
+                .collect();
+            if !j.allocs.is_empty() && fresh.len() == j.allocs.len() {
+                out.push(Action::Requeue {
+                    job: j.id,
+                    from: JobState::Draining,
+                    how: Requeue::Checkpointed,
+                    resume_from: fresh.into_iter().map(|(r, p)| (r, p.clone())).collect(),
+                    lost_gpu_seconds: 0,
+                    not_before: None,
+                    reason: "requeued: checkpointed before its node was taken".into(),
+                });
+                return false;
+            }
+            let expired = match notice_deadline {
+                Some(d) => now > d + s.deadline_grace,
+                None => now > since + s.preempt_window + s.deadline_grace,
+            };
+            if any_gone || expired {
+                out.push(lost(
+                    now,
+                    j,
+                    s,
+                    "the checkpoint did not become durable before the node was taken",
+                ));
+                return false;
+            }
+            if !asked {
+                drain_commands(now, j, s, draining, nodes, out, &mut drain, pending_checkpoint);
+            }
+            true
+        }
+        _ => true,
+    }
+}
+
+/// The checkpoints a drain needs: replicas on a draining node checkpoint by themselves when
+/// their agent saw the notice, else their node is sent a `drain`; every other replica (of the
+/// gang elsewhere, or of a job the scheduler preempts) gets a `checkpoint` with the deadline.
+#[allow(clippy::too_many_arguments)]
+fn drain_commands(
+    now: DateTime<Utc>,
+    j: &JobView,
+    s: &Settings,
+    draining: &dyn Fn(&NodeId) -> bool,
+    nodes: &HashMap<NodeId, &NodeView>,
+    out: &mut Vec<Action>,
+    drain: &mut impl FnMut(NodeId, Option<DateTime<Utc>>) -> Option<Action>,
+    pending_checkpoint: &HashSet<(JobId, u32)>,
+) {
+    let deadline = j
+        .allocs
+        .iter()
+        .filter(|a| draining(&a.node))
+        .filter_map(|a| nodes.get(&a.node).and_then(|n| n.notice_deadline))
+        .min()
+        .unwrap_or_else(|| j.drain_started_at.unwrap_or(now) + s.preempt_window);
+    for a in &j.allocs {
+        if draining(&a.node) {
+            if nodes.get(&a.node).is_some_and(|n| !n.agent_saw_notice)
+                && let Some(d) = drain(a.node, Some(deadline))
+            {
+                out.push(d);
+            }
+        } else if !pending_checkpoint.contains(&(j.id, a.replica)) {
+            out.push(Action::Checkpoint {
+                job: j.id,
+                node: a.node,
+                replica: a.replica,
+                deadline: Some(deadline),
+            });
+        }
+    }
+}
+
+/// The latest checkpoint round every replica completed (finished by `until`): per replica its
+/// checkpoint of that round, and when the round ended. A round is the set of checkpoints that
+/// finished within `spread` of the earliest of the replicas' latest checkpoints.
+fn round_at_most(
+    j: &JobView,
+    until: Option<DateTime<Utc>>,
+    spread: Duration,
+) -> Option<(BTreeMap<u32, ResumePoint>, DateTime<Utc>)> {
+    let mut per: BTreeMap<u32, Vec<&CheckpointView>> = BTreeMap::new();
+    for c in &j.durable {
+        if until.is_none_or(|u| c.point.completed_at <= u) {
+            per.entry(c.replica).or_default().push(c);
+        }
+    }
+    if (0..j.replicas).any(|r| !per.contains_key(&r)) {
+        return None;
+    }
+    // The earliest of the replicas' latest checkpoints bounds the round.
+    let bound = per
+        .values()
+        .filter_map(|v| v.iter().map(|c| c.point.completed_at).max())
+        .min()?;
+    let mut round = BTreeMap::new();
+    let mut end = bound;
+    for r in 0..j.replicas {
+        let c = per
+            .get(&r)?
+            .iter()
+            .filter(|c| c.point.completed_at <= bound + spread)
+            .max_by_key(|c| c.point.completed_at)?;
+        end = end.max(c.point.completed_at);
+        round.insert(r, c.point.clone());
+    }
+    Some((round, end))
+}
+
+/// The gang's resume point after a run ended without a fresh checkpoint: the latest complete
+/// round, else what it resumed from.
+fn fallback(j: &JobView, s: &Settings) -> (BTreeMap<u32, ResumePoint>, Option<DateTime<Utc>>) {
+    match round_at_most(j, None, s.round_spread) {
+        Some((round, at)) => (round, Some(at)),
+        None => {
+            let at = j.resume_from.values().map(|p| p.completed_at).max();
+            (j.resume_from.clone(), at)
+        }
+    }
+}
+
+fn gpu_milli(j: &JobView) -> i64 {
+    j.allocs.iter().map(|a| i64::from(a.gpu_milli)).sum()
+}
+
+/// GPU-seconds of this run since `resume_at` (or since it began running).
+fn lost_since(now: DateTime<Utc>, j: &JobView, resume_at: Option<DateTime<Utc>>) -> i64 {
+    let Some(run) = j.running_since else {
+        return 0;
+    };
+    let from = resume_at.map_or(run, |r| r.max(run));
+    let secs = (now - from).num_milliseconds().max(0);
+    secs * gpu_milli(j) / 1_000_000
+}
+
+fn lost(now: DateTime<Utc>, j: &JobView, s: &Settings, why: &str) -> Action {
+    if j.state == JobState::Starting {
+        return Action::Requeue {
+            job: j.id,
+            from: j.state,
+            how: Requeue::NotStarted,
+            resume_from: j.resume_from.clone(),
+            lost_gpu_seconds: 0,
+            not_before: None,
+            reason: format!("requeued: {why} before the job started"),
+        };
+    }
+    let (resume_from, at) = fallback(j, s);
+    let lost = lost_since(now, j, at);
+    Action::Requeue {
+        job: j.id,
+        from: j.state,
+        how: Requeue::Lost,
+        reason: format!(
+            "requeued: {why}; resuming from {}, {lost} GPU-seconds lost",
+            match at {
+                Some(t) => format!(
+                    "the checkpoint of {}",
+                    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+                None => "the start".into(),
+            }
+        ),
+        resume_from,
+        lost_gpu_seconds: lost,
+        not_before: None,
+    }
+}
+
+fn failure(now: DateTime<Utc>, j: &JobView, s: &Settings, why: &str) -> Action {
+    let failures = j.failures + 1;
+    if failures > j.retry_limit {
+        return Action::Fail {
+            job: j.id,
+            from: j.state,
+            reason: format!(
+                "{why}; {failures} failures, over the limit of {} retries",
+                j.retry_limit
+            ),
+        };
+    }
+    let exp = u32::min(failures - 1, 16);
+    let wait = (s.backoff_base * 2_i32.pow(exp)).min(s.backoff_max);
+    let (resume_from, at) = fallback(j, s);
+    Action::Requeue {
+        job: j.id,
+        from: j.state,
+        how: Requeue::Failure,
+        lost_gpu_seconds: lost_since(now, j, at),
+        resume_from,
+        not_before: Some(now + wait),
+        reason: format!(
+            "requeued: {why} (failure {failures} of {} allowed); retrying after {} s",
+            j.retry_limit + 1,
+            wait.num_seconds()
+        ),
+    }
+}
