@@ -655,6 +655,13 @@ impl Runtime {
                     ctx.event(Event::Result(result(true, "already running".into())));
                     return;
                 }
+                // An older attempt of the same replica still running here is stopped first, so
+                // two never write the same checkpoint directory.
+                let older = self
+                    .replicas
+                    .get(&(job_id, replica))
+                    .filter(|r| r.attempt != attempt && r.phase != ReplicaPhase::Exited)
+                    .map(|r| r.tx.clone());
                 if image.is_some() {
                     tracing::warn!(job = %job_id, "container images are not supported yet; running the command on the host");
                 }
@@ -669,6 +676,9 @@ impl Runtime {
                     resume_from,
                 };
                 tokio::spawn(async move {
+                    if let Some(tx) = older {
+                        ask_stop(&tx, ctx.cfg.drain_grace).await;
+                    }
                     let r = match start_replica(&ctx, spec).await {
                         Ok(msg) => result(true, msg),
                         Err(msg) => {
@@ -719,9 +729,15 @@ impl Runtime {
             CommandKind::Stop {
                 job_id,
                 replica,
+                attempt,
                 grace_ms,
             } => {
-                let Some(tx) = self.replicas.get(&(job_id, replica)).map(|r| r.tx.clone()) else {
+                let Some(tx) = self
+                    .replicas
+                    .get(&(job_id, replica))
+                    .filter(|r| attempt.is_none_or(|a| a == r.attempt))
+                    .map(|r| r.tx.clone())
+                else {
                     ctx.event(Event::Result(result(true, "not running".into())));
                     return;
                 };

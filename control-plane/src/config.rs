@@ -416,7 +416,10 @@ impl Config {
             );
         }
         if self.recovery.backoff_max < self.recovery.backoff_base {
-            errs.push("recovery.backoff_max", "must be at least recovery.backoff_base");
+            errs.push(
+                "recovery.backoff_max",
+                "must be at least recovery.backoff_base",
+            );
         }
         if self.capacity.interval < Duration::from_secs(1) {
             errs.push("capacity.interval", "must be at least 1s");

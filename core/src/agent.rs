@@ -343,10 +343,13 @@ pub enum CommandKind {
         uri: String,
         deadline: Option<DateTime<Utc>>,
     },
-    /// Stop one replica, giving it `grace_ms` to exit after SIGTERM.
+    /// Stop one replica, giving it `grace_ms` to exit after SIGTERM. With `attempt`, only
+    /// that attempt of the replica (a newer one started since is left running).
     Stop {
         job_id: JobId,
         replica: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
         grace_ms: u64,
     },
     /// Re-lay a GPU's MIG instances; only instances no replica uses are destroyed.
@@ -476,6 +479,7 @@ mod tests {
             kind: CommandKind::Stop {
                 job_id: JobId::new_at(1, 2),
                 replica: 0,
+                attempt: None,
                 grace_ms: 30_000,
             },
         };

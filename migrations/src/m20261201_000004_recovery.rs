@@ -31,13 +31,8 @@ impl MigrationTrait for Migration {
             timestamp_with_time_zone_null(Jobs::DrainStartedAt),
             timestamp_with_time_zone_null(Jobs::CheckpointRequestedAt),
         ] {
-            m.alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .add_column(col)
-                    .to_owned(),
-            )
-            .await?;
+            m.alter_table(Table::alter().table(Jobs::Table).add_column(col).to_owned())
+                .await?;
         }
         for col in [
             string_null(Allocations::Phase),

@@ -188,13 +188,19 @@ impl RecoveryLoop {
                     .await?;
                 report.drains += 1;
             }
-            Action::Stop { job, node, replica } => {
+            Action::Stop {
+                job,
+                node,
+                replica,
+                attempt,
+            } => {
                 self.store
                     .enqueue_agent_command(
                         *node,
                         CommandKind::Stop {
                             job_id: *job,
                             replica: *replica,
+                            attempt: Some(*attempt),
                             grace_ms: u64::try_from(self.settings.stop_grace.num_milliseconds())
                                 .unwrap_or(0),
                         },

@@ -183,7 +183,9 @@ impl SchedulerLoop {
                 match recovery.run_once().await {
                     Ok(r) if !r.is_quiet() => tracing::info!(?r, "recovery round"),
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "recovery round failed; retrying next tick"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "recovery round failed; retrying next tick")
+                    }
                 }
             }
             match self.run_once().await {

@@ -68,6 +68,9 @@ pub struct Settings {
     pub round_spread: Duration,
     /// The window a job preempted by the scheduler (no cloud deadline) has to checkpoint.
     pub preempt_window: Duration,
+    /// How much earlier than the control plane heard of a notice the agent may have begun
+    /// its checkpoint for it (it sees the notice first; clocks differ a little).
+    pub notice_skew: Duration,
 }
 
 impl Default for Settings {
@@ -81,6 +84,7 @@ impl Default for Settings {
             stop_grace: Duration::seconds(20),
             round_spread: Duration::seconds(60),
             preempt_window: Duration::minutes(5),
+            notice_skew: Duration::seconds(5),
         }
     }
 }
@@ -118,6 +122,8 @@ pub struct AllocView {
 pub struct CheckpointView {
     pub replica: u32,
     pub attempt: u32,
+    /// When the agent began it (its clock).
+    pub started_at: DateTime<Utc>,
     pub point: ResumePoint,
 }
 
@@ -158,8 +164,15 @@ pub struct PendingCommand {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum PendingKind {
-    Checkpoint { job: JobId, replica: u32 },
-    Stop { job: JobId, replica: u32 },
+    Checkpoint {
+        job: JobId,
+        replica: u32,
+    },
+    Stop {
+        job: JobId,
+        replica: u32,
+        attempt: Option<u32>,
+    },
     Drain,
     Other,
 }
@@ -217,11 +230,12 @@ pub enum Action {
         node: NodeId,
         deadline: Option<DateTime<Utc>>,
     },
-    /// Stop a replica nobody wants any more.
+    /// Stop a replica (that attempt of it) nobody wants any more.
     Stop {
         job: JobId,
         node: NodeId,
         replica: u32,
+        attempt: u32,
     },
     /// Put a run that did not finish back in the queue.
     Requeue {
@@ -295,11 +309,21 @@ pub fn plan(now: DateTime<Utc>, snap: &Snapshot, s: &Settings) -> Vec<Action> {
     let mut wanted: HashMap<(JobId, u32), (u32, NodeId)> = HashMap::new();
 
     for j in &snap.jobs {
-        let keep = plan_job(now, j, s, &gone, &draining, &nodes, &mut out, |node, deadline| {
-            // A drain command for a draining node whose agent did not see the notice, once.
-            (!pending_drain.contains(&node) && drains_sent.insert(node))
-                .then_some(Action::Drain { node, deadline })
-        }, &pending_checkpoint);
+        let keep = plan_job(
+            now,
+            j,
+            s,
+            &gone,
+            &draining,
+            &nodes,
+            &mut out,
+            |node, deadline| {
+                // A drain command for a draining node whose agent did not see the notice, once.
+                (!pending_drain.contains(&node) && drains_sent.insert(node))
+                    .then_some(Action::Drain { node, deadline })
+            },
+            &pending_checkpoint,
+        );
         if keep {
             for a in &j.allocs {
                 wanted.insert((j.id, a.replica), (a.attempt, a.node));
@@ -308,11 +332,15 @@ pub fn plan(now: DateTime<Utc>, snap: &Snapshot, s: &Settings) -> Vec<Action> {
     }
 
     // Replicas no live job wants any more: stop them, once.
-    let stopping: HashSet<(NodeId, JobId, u32)> = snap
+    let stopping: HashSet<(NodeId, JobId, u32, Option<u32>)> = snap
         .pending
         .iter()
         .filter_map(|p| match p.kind {
-            PendingKind::Stop { job, replica } => Some((p.node, job, replica)),
+            PendingKind::Stop {
+                job,
+                replica,
+                attempt,
+            } => Some((p.node, job, replica, attempt)),
             _ => None,
         })
         .collect();
@@ -323,11 +351,14 @@ pub fn plan(now: DateTime<Utc>, snap: &Snapshot, s: &Settings) -> Vec<Action> {
         let ok = wanted
             .get(&(r.job, r.replica))
             .is_some_and(|(attempt, node)| *attempt == r.attempt && *node == r.node);
-        if !ok && !stopping.contains(&(r.node, r.job, r.replica)) {
+        let pending = stopping.contains(&(r.node, r.job, r.replica, Some(r.attempt)))
+            || stopping.contains(&(r.node, r.job, r.replica, None));
+        if !ok && !pending {
             out.push(Action::Stop {
                 job: r.job,
                 node: r.node,
                 replica: r.replica,
+                attempt: r.attempt,
             });
         }
     }
@@ -393,9 +424,11 @@ fn plan_job(
                 out.push(lost(now, j, s, "a node of the job was lost without notice"));
                 return false;
             }
-            if let Some(a) = j.allocs.iter().find(|a| {
-                a.phase == Some(ReplicaPhase::Exited) && a.exit_code != Some(0)
-            }) {
+            if let Some(a) = j
+                .allocs
+                .iter()
+                .find(|a| a.phase == Some(ReplicaPhase::Exited) && a.exit_code != Some(0))
+            {
                 let why = match a.exit_code {
                     Some(c) => format!("replica {} exited with status {c}", a.replica),
                     None => format!("replica {} was killed", a.replica),
@@ -437,7 +470,16 @@ fn plan_job(
                         None => "a node of the job is draining; checkpointing".into(),
                     }),
                 });
-                drain_commands(now, j, s, draining, nodes, out, &mut drain, pending_checkpoint);
+                drain_commands(
+                    now,
+                    j,
+                    s,
+                    draining,
+                    nodes,
+                    out,
+                    &mut drain,
+                    pending_checkpoint,
+                );
                 return true;
             }
             if j.state == JobState::Starting
@@ -488,8 +530,8 @@ fn plan_job(
         JobState::Draining => {
             let since = j.drain_started_at.unwrap_or(now);
             let asked = j.checkpoint_requested_at.is_some_and(|t| t >= since);
-            // A checkpoint the agent started on the notice may have begun just before the control
-            // plane heard of it; one round's spread is allowed.
+            // A checkpoint counts for the drain if it began after the drain did; the agent starts
+            // one on a notice as it reports the notice, so a little clock skew is allowed.
             let fresh: BTreeMap<u32, &ResumePoint> = j
                 .allocs
                 .iter()
@@ -499,7 +541,7 @@ fn plan_job(
                         .filter(|c| {
                             c.replica == a.replica
                                 && c.attempt == a.attempt
-                                && c.point.completed_at >= since - s.round_spread
+                                && c.started_at >= since - s.notice_skew
                         })
                         .max_by_key(|c| c.point.completed_at)
                         .map(|c| (a.replica, &c.point))
@@ -531,7 +573,16 @@ fn plan_job(
                 return false;
             }
             if !asked {
-                drain_commands(now, j, s, draining, nodes, out, &mut drain, pending_checkpoint);
+                drain_commands(
+                    now,
+                    j,
+                    s,
+                    draining,
+                    nodes,
+                    out,
+                    &mut drain,
+                    pending_checkpoint,
+                );
             }
             true
         }

@@ -5,7 +5,10 @@ use uuid::Uuid;
 use super::*;
 
 fn t(s: i64) -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).single().expect("time") + Duration::seconds(s)
+    Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0)
+        .single()
+        .expect("time")
+        + Duration::seconds(s)
 }
 
 fn node(n: u128) -> NodeId {
@@ -51,6 +54,7 @@ fn ckpt(replica: u32, id: u128, at: i64) -> CheckpointView {
     CheckpointView {
         replica,
         attempt: 1,
+        started_at: t(at - 5),
         point: point(id, at),
     }
 }
@@ -96,12 +100,19 @@ fn requeue(a: &[Action]) -> Option<(Requeue, &BTreeMap<u32, ResumePoint>, i64)> 
 
 #[test]
 fn an_admitted_job_is_started_on_every_replica_with_its_resume_point() {
-    let mut j = job(JobState::Admitted, vec![alloc(0, 1, None), alloc(1, 2, None)]);
+    let mut j = job(
+        JobState::Admitted,
+        vec![alloc(0, 1, None), alloc(1, 2, None)],
+    );
     for a in &mut j.allocs {
         a.started_at = None;
     }
     j.resume_from.insert(1, point(7, 0));
-    let out = plan(t(10), &snap(vec![j], vec![ready(1), ready(2)]), &Settings::default());
+    let out = plan(
+        t(10),
+        &snap(vec![j], vec![ready(1), ready(2)]),
+        &Settings::default(),
+    );
     let starts: Vec<(u32, Option<ResumePoint>)> = out
         .iter()
         .filter_map(|a| match a {
@@ -130,13 +141,41 @@ fn the_job_lifecycle_follows_what_the_agents_report() {
     let running = Some(ReplicaPhase::Running);
     let exited = Some(ReplicaPhase::Exited);
     let table: Vec<(JobState, [(Option<ReplicaPhase>, Option<i32>); 2], &str)> = vec![
-        (JobState::Starting, [(running, None), (None, None)], "nothing"),
-        (JobState::Starting, [(running, None), (running, None)], "running"),
-        (JobState::Running, [(exited, Some(0)), (running, None)], "nothing"),
-        (JobState::Running, [(exited, Some(0)), (exited, Some(0))], "succeeded"),
-        (JobState::Starting, [(exited, Some(0)), (exited, Some(0))], "succeeded"),
-        (JobState::Running, [(exited, Some(3)), (running, None)], "retry"),
-        (JobState::Running, [(exited, None), (running, None)], "retry"),
+        (
+            JobState::Starting,
+            [(running, None), (None, None)],
+            "nothing",
+        ),
+        (
+            JobState::Starting,
+            [(running, None), (running, None)],
+            "running",
+        ),
+        (
+            JobState::Running,
+            [(exited, Some(0)), (running, None)],
+            "nothing",
+        ),
+        (
+            JobState::Running,
+            [(exited, Some(0)), (exited, Some(0))],
+            "succeeded",
+        ),
+        (
+            JobState::Starting,
+            [(exited, Some(0)), (exited, Some(0))],
+            "succeeded",
+        ),
+        (
+            JobState::Running,
+            [(exited, Some(3)), (running, None)],
+            "retry",
+        ),
+        (
+            JobState::Running,
+            [(exited, None), (running, None)],
+            "retry",
+        ),
     ];
     for (state, replicas, expect) in table {
         let allocs = replicas
@@ -150,13 +189,24 @@ fn the_job_lifecycle_follows_what_the_agents_report() {
             .collect();
         let out = plan(t(10), &snap(vec![job(state, allocs)], nodes.clone()), &s);
         let got = if out.iter().any(|a| {
-            matches!(a, Action::Transition { to: JobState::Succeeded, .. })
+            matches!(
+                a,
+                Action::Transition {
+                    to: JobState::Succeeded,
+                    ..
+                }
+            )
         }) {
             "succeeded"
-        } else if out
-            .iter()
-            .any(|a| matches!(a, Action::Transition { to: JobState::Running, .. }))
-        {
+        } else if out.iter().any(|a| {
+            matches!(
+                a,
+                Action::Transition {
+                    to: JobState::Running,
+                    ..
+                }
+            )
+        }) {
             "running"
         } else if requeue(&out).is_some_and(|r| r.0 == Requeue::Failure) {
             "retry"
@@ -180,11 +230,13 @@ fn failures_back_off_exponentially_then_fail_the_job_with_the_reason() {
         j.failures = failures;
         let out = plan(t(100), &snap(vec![j], vec![ready(1)]), &s);
         match out.as_slice() {
-            [Action::Requeue {
-                not_before: Some(nb),
-                how: Requeue::Failure,
-                ..
-            }] => waits.push((*nb - t(100)).num_seconds()),
+            [
+                Action::Requeue {
+                    not_before: Some(nb),
+                    how: Requeue::Failure,
+                    ..
+                },
+            ] => waits.push((*nb - t(100)).num_seconds()),
             [Action::Fail { reason, .. }] => {
                 assert!(reason.contains("exited with status 2"), "{reason}");
                 assert!(reason.contains("3 failures"), "{reason}");
@@ -209,7 +261,11 @@ fn a_notice_drains_the_job_and_checkpoints_the_gang_elsewhere() {
             alloc(1, 2, Some(ReplicaPhase::Running)),
         ],
     );
-    let out = plan(t(10), &snap(vec![j.clone()], vec![n1.clone(), ready(2)]), &Settings::default());
+    let out = plan(
+        t(10),
+        &snap(vec![j.clone()], vec![n1.clone(), ready(2)]),
+        &Settings::default(),
+    );
     assert!(matches!(
         out[0],
         Action::Transition {
@@ -229,7 +285,11 @@ fn a_notice_drains_the_job_and_checkpoints_the_gang_elsewhere() {
     );
     // Told by the cloud's stream instead: the node gets a drain, once.
     n1.agent_saw_notice = false;
-    let out = plan(t(10), &snap(vec![j], vec![n1, ready(2)]), &Settings::default());
+    let out = plan(
+        t(10),
+        &snap(vec![j], vec![n1, ready(2)]),
+        &Settings::default(),
+    );
     assert!(out.contains(&Action::Drain {
         node: node(1),
         deadline: Some(t(120))
@@ -286,7 +346,10 @@ fn a_node_lost_without_notice_requeues_its_jobs_with_the_work_since_the_checkpoi
     let s = Settings::default();
     let mut gone = ready(1);
     gone.state = NodeState::Terminated;
-    let mut j = job(JobState::Running, vec![alloc(0, 1, Some(ReplicaPhase::Running))]);
+    let mut j = job(
+        JobState::Running,
+        vec![alloc(0, 1, Some(ReplicaPhase::Running))],
+    );
     j.durable = vec![ckpt(0, 1, 300)];
     let out = plan(t(500), &snap(vec![j.clone()], vec![gone]), &s);
     let (how, from, lost) = requeue(&out).expect("requeued");
@@ -298,7 +361,10 @@ fn a_node_lost_without_notice_requeues_its_jobs_with_the_work_since_the_checkpoi
     silent.agent_last_seen = Some(t(400));
     let out = plan(t(500), &snap(vec![j.clone()], vec![silent.clone()]), &s);
     assert!(matches!(out[0], Action::NodeLost { .. }));
-    assert_eq!(requeue(&out).map(|r| (r.0, r.2)), Some((Requeue::Lost, 200)));
+    assert_eq!(
+        requeue(&out).map(|r| (r.0, r.2)),
+        Some((Requeue::Lost, 200))
+    );
     // Heard from recently: nothing happens.
     silent.agent_last_seen = Some(t(480));
     assert_eq!(plan(t(500), &snap(vec![j], vec![silent]), &s), vec![]);
@@ -311,21 +377,36 @@ fn a_job_that_had_not_started_goes_back_without_lost_work() {
     let mut j = job(JobState::Starting, vec![alloc(0, 1, None)]);
     j.running_since = None;
     let out = plan(t(50), &snap(vec![j], vec![gone]), &Settings::default());
-    assert_eq!(requeue(&out).map(|r| (r.0, r.2)), Some((Requeue::NotStarted, 0)));
+    assert_eq!(
+        requeue(&out).map(|r| (r.0, r.2)),
+        Some((Requeue::NotStarted, 0))
+    );
 }
 
 #[test]
 fn periodic_checkpoints_come_every_interval_and_never_overlap() {
     let s = Settings::default();
-    let mut j = job(JobState::Running, vec![alloc(0, 1, Some(ReplicaPhase::Running))]);
+    let mut j = job(
+        JobState::Running,
+        vec![alloc(0, 1, Some(ReplicaPhase::Running))],
+    );
     j.checkpoint_interval = Some(Duration::seconds(600));
     let nodes = vec![ready(1)];
-    assert_eq!(plan(t(599), &snap(vec![j.clone()], nodes.clone()), &s), vec![]);
+    assert_eq!(
+        plan(t(599), &snap(vec![j.clone()], nodes.clone()), &s),
+        vec![]
+    );
     let out = plan(t(600), &snap(vec![j.clone()], nodes.clone()), &s);
-    assert!(matches!(out.as_slice(), [Action::Checkpoint { replica: 0, .. }]));
+    assert!(matches!(
+        out.as_slice(),
+        [Action::Checkpoint { replica: 0, .. }]
+    ));
     // Asked already: not again until the next interval.
     j.checkpoint_requested_at = Some(t(600));
-    assert_eq!(plan(t(900), &snap(vec![j.clone()], nodes.clone()), &s), vec![]);
+    assert_eq!(
+        plan(t(900), &snap(vec![j.clone()], nodes.clone()), &s),
+        vec![]
+    );
     // One in flight is not doubled.
     let mut busy = j.clone();
     busy.checkpoint_requested_at = Some(t(0));
@@ -349,7 +430,8 @@ fn a_replica_no_live_job_wants_is_stopped_once() {
         vec![Action::Stop {
             job: job_id(9),
             node: node(1),
-            replica: 0
+            replica: 0,
+            attempt: 1,
         }]
     );
     s.pending.push(PendingCommand {
@@ -357,6 +439,7 @@ fn a_replica_no_live_job_wants_is_stopped_once() {
         kind: PendingKind::Stop {
             job: job_id(9),
             replica: 0,
+            attempt: Some(1),
         },
     });
     assert_eq!(plan(t(0), &s, &Settings::default()), vec![]);
@@ -369,7 +452,10 @@ fn duplicate_and_late_notices_change_nothing_once_the_job_moved_on() {
     n1.state = NodeState::Draining;
     n1.notice_deadline = Some(t(100));
     n1.agent_saw_notice = true;
-    assert_eq!(plan(t(50), &snap(vec![], vec![n1]), &Settings::default()), vec![]);
+    assert_eq!(
+        plan(t(50), &snap(vec![], vec![n1]), &Settings::default()),
+        vec![]
+    );
 }
 
 proptest! {

@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use spotplane_core::agent::{
     CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger, Command,
-    CommandKind, CommandResult, GpuInfo, GpuTelemetry, Heartbeat, RegisterRequest, ReplicaPhase, ReplicaStatus,
-    TerminationNotice,
+    CommandKind, CommandResult, GpuInfo, GpuTelemetry, Heartbeat, RegisterRequest, ReplicaPhase,
+    ReplicaStatus, TerminationNotice,
 };
 use spotplane_core::{CheckpointId, CommandId, JobId, NodeId, NodeState};
 use utoipa::ToSchema;
@@ -558,7 +558,9 @@ pub(crate) async fn enqueue_command_in<C: ConnectionTrait>(
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("node {node_id}")))?;
     if parse_col::<NodeState>("nodes", &node_row.id, &node_row.state)?.is_terminal() {
-        return Err(StoreError::Conflict(format!("node {node_id} is terminated")));
+        return Err(StoreError::Conflict(format!(
+            "node {node_id} is terminated"
+        )));
     }
     let row = agent_command::ActiveModel {
         id: Set(id.to_string()),
@@ -1122,7 +1124,16 @@ impl Store {
                 "termination notice ({cloud} event stream, {what}) for {}",
                 deadline.to_rfc3339()
             );
-            notice_in(&txn, &row, state, deadline, reason, json!({"source": "provider"}), now).await?;
+            notice_in(
+                &txn,
+                &row,
+                state,
+                deadline,
+                reason,
+                json!({"source": "provider"}),
+                now,
+            )
+            .await?;
             txn.commit().await?;
             Ok(Some(parse_col("nodes", &row.id, &row.id)?))
         })

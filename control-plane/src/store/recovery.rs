@@ -40,7 +40,10 @@ fn phase_of(text: &str) -> Option<ReplicaPhase> {
 
 /// What a replica gets as `CUDA_VISIBLE_DEVICES`: GPU indices, or the MIG device's UUID as the
 /// agent found it at registration.
-fn devices(a: &allocation::Model, inventory: Option<&Vec<GpuInfo>>) -> Result<Vec<String>, StoreError> {
+fn devices(
+    a: &allocation::Model,
+    inventory: Option<&Vec<GpuInfo>>,
+) -> Result<Vec<String>, StoreError> {
     let gpus: Vec<u32> = from_json("allocations", &a.id, a.gpu_indices.clone())?;
     if let Some(m) = &a.mig {
         let inst: MigInstance = from_json("allocations", &a.id, m.clone())?;
@@ -94,10 +97,18 @@ impl Store {
             }
             // The nodes: every live one, and any the allocations point at.
             let mut node_rows: HashMap<String, node::Model> = node::Entity::find()
-                .filter(node::Column::State.is_in(
-                    [NodeState::Requested, NodeState::Booting, NodeState::Ready, NodeState::Draining, NodeState::Terminating]
+                .filter(
+                    node::Column::State.is_in(
+                        [
+                            NodeState::Requested,
+                            NodeState::Booting,
+                            NodeState::Ready,
+                            NodeState::Draining,
+                            NodeState::Terminating,
+                        ]
                         .map(|s| s.to_string()),
-                ))
+                    ),
+                )
                 .all(&self.read)
                 .await?
                 .into_iter()
@@ -139,16 +150,19 @@ impl Store {
                 let agent = agents.get(id);
                 let notice: Option<TerminationNotice> = match agent.and_then(|a| a.notice.clone()) {
                     // A malformed stored notice is as good as none: logged, not fatal.
-                    Some(v) => serde_json::from_value(v).map_err(|e| {
-                        tracing::warn!(node = %id, error = %e, "stored notice unreadable");
-                    }).ok(),
+                    Some(v) => serde_json::from_value(v)
+                        .map_err(|e| {
+                            tracing::warn!(node = %id, error = %e, "stored notice unreadable");
+                        })
+                        .ok(),
                     None => None,
                 };
                 if let Some(a) = agent {
                     if let Ok(inv) = serde_json::from_value::<Vec<GpuInfo>>(a.inventory.clone()) {
                         inventories.insert(id.clone(), inv);
                     }
-                    let replicas: Vec<ReplicaStatus> = from_json("node_agents", id, a.replicas.clone())?;
+                    let replicas: Vec<ReplicaStatus> =
+                        from_json("node_agents", id, a.replicas.clone())?;
                     let node_id: NodeId = parse_col("nodes", id, id)?;
                     for r in replicas {
                         snap.reported.push(ReportedReplica {
@@ -166,7 +180,8 @@ impl Store {
                     notice_deadline: n.notice_deadline,
                     agent_saw_notice: notice
                         .is_some_and(|n| n.deadline.is_some() && n.action != "rebalance"),
-                    agent_last_seen: agent.and_then(|a| a.last_heartbeat_at.or(Some(a.registered_at))),
+                    agent_last_seen: agent
+                        .and_then(|a| a.last_heartbeat_at.or(Some(a.registered_at))),
                 });
             }
             for chunk in node_ids.chunks(500) {
@@ -180,8 +195,22 @@ impl Store {
                     snap.pending.push(PendingCommand {
                         node: parse_col("agent_commands", &c.id, &c.node_id)?,
                         kind: match kind {
-                            CommandKind::Checkpoint { job_id, replica, .. } => PendingKind::Checkpoint { job: job_id, replica },
-                            CommandKind::Stop { job_id, replica, .. } => PendingKind::Stop { job: job_id, replica },
+                            CommandKind::Checkpoint {
+                                job_id, replica, ..
+                            } => PendingKind::Checkpoint {
+                                job: job_id,
+                                replica,
+                            },
+                            CommandKind::Stop {
+                                job_id,
+                                replica,
+                                attempt,
+                                ..
+                            } => PendingKind::Stop {
+                                job: job_id,
+                                replica,
+                                attempt,
+                            },
                             CommandKind::Drain { .. } => PendingKind::Drain,
                             _ => PendingKind::Other,
                         },
@@ -213,6 +242,7 @@ impl Store {
                     points.push(CheckpointView {
                         replica: u32::try_from(c.replica).unwrap_or(0),
                         attempt: u32::try_from(c.attempt).unwrap_or(0),
+                        started_at: c.created_at,
                         point: ResumePoint {
                             checkpoint_id: parse_col::<CheckpointId>("checkpoints", &c.id, &c.id)?,
                             uri: c.uri,
@@ -371,17 +401,29 @@ impl Store {
                 .ok_or_else(|| StoreError::NotFound(format!("job {job_id}")))?;
             let state: JobState = parse_col("jobs", &row.id, &row.state)?;
             if state != from {
-                return Err(StoreError::Conflict(format!("job {job_id} is {state}, not {from}")));
+                return Err(StoreError::Conflict(format!(
+                    "job {job_id} is {state}, not {from}"
+                )));
             }
-            let resume = serde_json::to_value(resume_from).map_err(|e| StoreError::Conflict(e.to_string()))?;
+            let resume = serde_json::to_value(resume_from)
+                .map_err(|e| StoreError::Conflict(e.to_string()))?;
             let failures = row.failures + i32::from(how == Requeue::Failure);
             job::Entity::update_many()
                 .col_expr(job::Column::ResumeFrom, Expr::value(Some(resume.clone())))
-                .col_expr(job::Column::LostGpuSeconds, Expr::value(row.lost_gpu_seconds + lost_gpu_seconds))
+                .col_expr(
+                    job::Column::LostGpuSeconds,
+                    Expr::value(row.lost_gpu_seconds + lost_gpu_seconds),
+                )
                 .col_expr(job::Column::Failures, Expr::value(failures))
                 .col_expr(job::Column::NotBefore, Expr::value(not_before))
-                .col_expr(job::Column::RunningSince, Expr::value(Option::<DateTime<Utc>>::None))
-                .col_expr(job::Column::DrainStartedAt, Expr::value(Option::<DateTime<Utc>>::None))
+                .col_expr(
+                    job::Column::RunningSince,
+                    Expr::value(Option::<DateTime<Utc>>::None),
+                )
+                .col_expr(
+                    job::Column::DrainStartedAt,
+                    Expr::value(Option::<DateTime<Utc>>::None),
+                )
                 .filter(job::Column::Id.eq(job_id.to_string()))
                 .exec(&txn)
                 .await?;
@@ -393,16 +435,40 @@ impl Store {
                 "attempt": row.attempt, "failures": failures, "not_before": not_before});
             let row = match how {
                 Requeue::Checkpointed => {
-                    let j = job_event_in(&txn, row, JobState::Checkpointed, Some("every replica checkpointed".into()), Some(data.clone()), now).await?;
+                    let j = job_event_in(
+                        &txn,
+                        row,
+                        JobState::Checkpointed,
+                        Some("every replica checkpointed".into()),
+                        Some(data.clone()),
+                        now,
+                    )
+                    .await?;
                     reload(&txn, j.id).await?
                 }
                 Requeue::Lost => {
-                    let j = job_event_in(&txn, row, JobState::Lost, Some(reason.to_owned()), Some(data.clone()), now).await?;
+                    let j = job_event_in(
+                        &txn,
+                        row,
+                        JobState::Lost,
+                        Some(reason.to_owned()),
+                        Some(data.clone()),
+                        now,
+                    )
+                    .await?;
                     reload(&txn, j.id).await?
                 }
                 Requeue::NotStarted | Requeue::Failure => row,
             };
-            job_event_in(&txn, row, JobState::Queued, Some(reason.to_owned()), Some(data), now).await?;
+            job_event_in(
+                &txn,
+                row,
+                JobState::Queued,
+                Some(reason.to_owned()),
+                Some(data),
+                now,
+            )
+            .await?;
             txn.commit().await?;
             Ok(())
         })
@@ -411,8 +477,19 @@ impl Store {
 
     /// Retires a node whose agent went silent: `terminating` (the capacity loop gives the
     /// instance back), with its outbox event.
-    pub async fn node_lost(&self, node_id: NodeId, reason: &str, now: DateTime<Utc>) -> Result<(), StoreError> {
-        self.transition_node(node_id, NodeState::Terminating, Some(reason.to_owned()), now).await
+    pub async fn node_lost(
+        &self,
+        node_id: NodeId,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.transition_node(
+            node_id,
+            NodeState::Terminating,
+            Some(reason.to_owned()),
+            now,
+        )
+        .await
     }
 
     /// Jobs waiting out a back-off at `now`.

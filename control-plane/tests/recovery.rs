@@ -1,0 +1,565 @@
+//! The recovery loop with the scheduling loop on a real store (SQLite and PostgreSQL) and a
+//! manual clock, the agents played through the store's agent protocol operations (the same ones
+//! `/v1/agent/...` calls): a gang starts on two nodes, checkpoints periodically, one node gets a
+//! notice, the gang checkpoints and is requeued with its resume points, restarts on other nodes
+//! from them (a new attempt: `job.resumed`), loses a node without notice (lost work recorded,
+//! back to the periodic round), fails and backs off, and finally succeeds; a replica nobody
+//! wants any more is stopped; a node whose agent goes silent is retired.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use common::{Backend, TestDb};
+use spotplane::metrics::Metrics;
+use spotplane::reconcile::recovery::RecoveryLoop;
+use spotplane::reconcile::scheduling::SchedulerLoop;
+use spotplane::recovery::Settings;
+use spotplane::store::{
+    AgentCaller, NewGpu, NewJob, NewNode, NewTeam, Registration, Store, SubmitOutcome,
+};
+use spotplane_core::agent::{
+    CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger, Command,
+    CommandKind, Heartbeat, NoticeSource, PROTOCOL_VERSION, RegisterRequest, ReplicaPhase,
+    ReplicaStatus, TerminationNotice,
+};
+use spotplane_core::job::{CheckpointSpec, JobSpec};
+use spotplane_core::shape::GpuShape;
+use spotplane_core::{
+    CheckpointId, Cloud, GpuModel, JobId, JobState, Market, Micros, MigLayout, NodeId, NodeState,
+};
+use spotplane_providers::clock::{Clock, ManualClock};
+
+on_both_databases!(a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes);
+
+struct World {
+    store: Store,
+    clock: ManualClock,
+    sched: SchedulerLoop,
+    recovery: RecoveryLoop,
+    /// What each agent runs: (job, replica) -> (attempt, phase, exit code).
+    agents: BTreeMap<NodeId, BTreeMap<(JobId, u32), (u32, ReplicaPhase, Option<i32>)>>,
+    notices: BTreeMap<NodeId, TerminationNotice>,
+}
+
+impl World {
+    fn now(&self) -> DateTime<Utc> {
+        self.clock.now()
+    }
+
+    async fn node(&mut self, name: &str) -> NodeId {
+        let id = NodeId(uuid::Uuid::now_v7());
+        let now = self.now();
+        let (_, secret) = self
+            .store
+            .create_node_with_bootstrap(
+                NewNode {
+                    id,
+                    name: name.into(),
+                    cloud: Cloud::Aws,
+                    region: "us-east-1".into(),
+                    zone: "us-east-1a".into(),
+                    instance_type: "g5.xlarge".into(),
+                    market: Market::Spot,
+                    offer_id: None,
+                    client_token: format!("ct-{name}"),
+                    hourly_price: Micros::parse_usd("0.40").expect("price"),
+                    on_demand_price: Micros::parse_usd("1.01").expect("price"),
+                    cpu_milli: 4_000,
+                    memory_mib: 16_384,
+                    gpus: vec![NewGpu {
+                        model: GpuModel::A10G,
+                        memory_mib: 23_028,
+                        mig_enabled: false,
+                        mig_layout: MigLayout::empty(),
+                    }],
+                    labels: Default::default(),
+                },
+                now + Duration::hours(1),
+                now,
+            )
+            .await
+            .expect("node");
+        let reg = self
+            .store
+            .register_agent(
+                AgentCaller::Bootstrap(secret),
+                &RegisterRequest {
+                    protocol_version: PROTOCOL_VERSION,
+                    node_id: id,
+                    agent_version: "test".into(),
+                    hostname: name.into(),
+                    instance_id: Some(format!("i-{name}")),
+                    cpu_milli: 4_000,
+                    memory_mib: 16_384,
+                    gpus: vec![],
+                },
+                now,
+            )
+            .await
+            .expect("register");
+        assert!(matches!(reg, Registration::Registered { .. }), "{reg:?}");
+        self.agents.insert(id, BTreeMap::new());
+        id
+    }
+
+    /// One heartbeat of every agent; the commands they get are carried out at once: starts run,
+    /// checkpoints become durable, stops end the replica.
+    async fn heartbeats(&mut self) {
+        let nodes: Vec<NodeId> = self.agents.keys().copied().collect();
+        for node in nodes {
+            let now = self.now();
+            let replicas = self.agents[&node]
+                .iter()
+                .map(|((job, replica), (attempt, phase, code))| ReplicaStatus {
+                    job_id: *job,
+                    replica: *replica,
+                    attempt: *attempt,
+                    phase: *phase,
+                    exit_code: *code,
+                })
+                .collect();
+            let hb = Heartbeat {
+                node_id: node,
+                sent_at: now,
+                gpus: vec![],
+                replicas,
+                notice: self.notices.get(&node).cloned(),
+                results: vec![],
+            };
+            let cmds = match self.store.agent_heartbeat(node, &hb, now).await {
+                Ok(c) => c,
+                Err(e) => panic!("heartbeat of {node}: {e}"),
+            };
+            for c in cmds {
+                self.carry_out(node, c).await;
+            }
+        }
+    }
+
+    async fn carry_out(&mut self, node: NodeId, c: Command) {
+        let now = self.now();
+        let mut result = spotplane_core::agent::CommandResult {
+            command_id: c.id,
+            ok: true,
+            message: None,
+            manifest: None,
+            mig_layout: None,
+        };
+        match c.kind {
+            CommandKind::Start {
+                job_id,
+                replica,
+                attempt,
+                ..
+            } => {
+                self.agents
+                    .entry(node)
+                    .or_default()
+                    .insert((job_id, replica), (attempt, ReplicaPhase::Running, None));
+            }
+            CommandKind::Checkpoint {
+                job_id,
+                replica,
+                checkpoint_id,
+                uri,
+                ..
+            } => {
+                let attempt = self.agents[&node][&(job_id, replica)].0;
+                self.checkpoint(
+                    node,
+                    job_id,
+                    replica,
+                    attempt,
+                    checkpoint_id,
+                    &uri,
+                    CheckpointTrigger::Command,
+                )
+                .await;
+            }
+            CommandKind::Stop {
+                job_id,
+                replica,
+                attempt,
+                ..
+            } => {
+                if let Some(r) = self
+                    .agents
+                    .entry(node)
+                    .or_default()
+                    .get_mut(&(job_id, replica))
+                    .filter(|r| attempt.is_none_or(|a| a == r.0))
+                {
+                    r.1 = ReplicaPhase::Exited;
+                    r.2 = Some(143);
+                }
+            }
+            other => {
+                result.message = Some(format!("not played: {other:?}"));
+            }
+        }
+        self.store
+            .complete_agent_command(node, &result, now)
+            .await
+            .expect("result");
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn checkpoint(
+        &mut self,
+        node: NodeId,
+        job: JobId,
+        replica: u32,
+        attempt: u32,
+        id: CheckpointId,
+        uri: &str,
+        trigger: CheckpointTrigger,
+    ) {
+        let now = self.now();
+        let report = CheckpointReport {
+            job_id: job,
+            replica,
+            attempt,
+            checkpoint_id: id,
+            uri: format!("{uri}/replica-{replica}/{id}/manifest.json"),
+            trigger,
+            outcome: CheckpointOutcome::Durable,
+            manifest: Some(CheckpointManifest {
+                job_id: job,
+                replica,
+                checkpoint_id: id,
+                attempt,
+                created_at: now,
+                files: vec![],
+                total_bytes: 0,
+            }),
+            message: None,
+            started_at: now,
+            finished_at: now,
+        };
+        self.store
+            .record_checkpoint(node, &report, now)
+            .await
+            .expect("checkpoint recorded");
+    }
+
+    /// Heartbeats, a recovery round and a scheduling cycle, `n` times, `step` apart.
+    async fn rounds(&mut self, n: usize, step: Duration) {
+        for _ in 0..n {
+            self.heartbeats().await;
+            self.recovery.run_once().await.expect("recovery");
+            self.sched.run_once().await.expect("schedule");
+            self.clock.advance(step);
+        }
+    }
+
+    async fn job(&self, id: JobId) -> spotplane::model::Job {
+        self.store.get_job(id, None).await.expect("job")
+    }
+
+    async fn nodes_of(&self, id: JobId) -> Vec<NodeId> {
+        self.store
+            .jobs_with_nodes()
+            .await
+            .expect("jobs")
+            .into_iter()
+            .find(|(j, _)| *j == id)
+            .map(|(_, (_, n))| n)
+            .unwrap_or_default()
+    }
+}
+
+async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Backend) {
+    let db = TestDb::new(backend);
+    let store = Store::connect(&db.config.database, Metrics::new())
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let clock = ManualClock::new("2026-12-01T00:00:00Z".parse().expect("time"));
+    let shared: spotplane::clock::SharedClock = Arc::new(clock.clone());
+    let mut settings = spotplane::config::Config::embedded_default()
+        .expect("config")
+        .scheduler;
+    settings.enabled = true;
+    let recovery_settings = Settings {
+        backoff_base: Duration::seconds(30),
+        ..Settings::default()
+    };
+    let mut w = World {
+        sched: SchedulerLoop::new(store.clone(), shared.clone(), settings),
+        recovery: RecoveryLoop::new(
+            store.clone(),
+            shared,
+            None,
+            recovery_settings,
+            "file:///tmp/spotplane-test-objects".into(),
+        ),
+        store,
+        clock,
+        agents: BTreeMap::new(),
+        notices: BTreeMap::new(),
+    };
+    let team = w
+        .store
+        .create_team(
+            NewTeam {
+                name: "research".parse().expect("name"),
+                weight: 1.0,
+                cohort: None,
+                quotas: Default::default(),
+            },
+            w.now(),
+        )
+        .await
+        .expect("team");
+    let a = w.node("a").await;
+    let b = w.node("b").await;
+
+    let mut spec = JobSpec::new(
+        "gang",
+        GpuShape::Whole {
+            gpus: 1,
+            models: vec![],
+        },
+        vec!["train".into()],
+    );
+    spec.replicas = 2;
+    spec.max_retries = Some(1);
+    spec.checkpoint = Some(CheckpointSpec {
+        uri: "file:///tmp/ckpt".into(),
+        interval_s: 600,
+    });
+    let id = JobId(uuid::Uuid::now_v7());
+    let submitted = w
+        .store
+        .submit_job(
+            NewJob {
+                id,
+                team_id: team.id.clone(),
+                team: "research".parse().expect("team"),
+                spec,
+                idempotency: None,
+            },
+            w.now(),
+        )
+        .await
+        .expect("submit");
+    assert!(matches!(submitted, SubmitOutcome::Created(_)));
+
+    // Placed on a and b, started on both, running.
+    w.rounds(4, Duration::seconds(5)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.attempt), (JobState::Running, 1), "{j:?}");
+    let mut on = w.nodes_of(id).await;
+    on.sort();
+    assert_eq!(on, {
+        let mut v = vec![a, b];
+        v.sort();
+        v
+    });
+
+    // Ten minutes on: a periodic checkpoint round of both replicas.
+    w.clock.advance(Duration::seconds(600));
+    w.rounds(2, Duration::seconds(5)).await;
+    let periodic = w.store.job_checkpoints(id).await.expect("checkpoints");
+    assert_eq!(periodic.len(), 2, "{periodic:?}");
+
+    w.clock.advance(Duration::seconds(30));
+    // Node a gets the two-minute warning; its agent checkpoints on its own, b is asked to.
+    let deadline = w.now() + Duration::seconds(120);
+    w.notices.insert(
+        a,
+        TerminationNotice {
+            source: NoticeSource::AwsInstanceAction,
+            action: "terminate".into(),
+            deadline: Some(deadline),
+            observed_at: w.now(),
+            event_id: None,
+        },
+    );
+    w.rounds(1, Duration::seconds(2)).await;
+    assert_eq!(
+        w.store.get_node(a).await.expect("node").state,
+        NodeState::Draining
+    );
+    assert_eq!(w.job(id).await.state, JobState::Draining);
+    // The same notice again, and a later one with a later deadline: nothing changes.
+    let mut late = w.notices[&a].clone();
+    late.deadline = Some(deadline + Duration::seconds(60));
+    late.event_id = Some("late".into());
+    w.notices.insert(a, late);
+    w.rounds(1, Duration::seconds(2)).await;
+    assert_eq!(
+        w.store.get_node(a).await.expect("node").notice_deadline,
+        Some(deadline)
+    );
+    let notice_ckpt = CheckpointId::from_uuid(uuid::Uuid::now_v7());
+    let (on_a, attempt) = w.agents[&a]
+        .iter()
+        .find(|((j, _), _)| *j == id)
+        .map(|((_, r), (attempt, _, _))| (*r, *attempt))
+        .expect("a replica on a");
+    w.checkpoint(
+        a,
+        id,
+        on_a,
+        attempt,
+        notice_ckpt,
+        "file:///tmp/ckpt",
+        CheckpointTrigger::Notice,
+    )
+    .await;
+    // Node c arrives; the gang is requeued from the drain round and placed on b and c.
+    let c = w.node("c").await;
+    w.rounds(6, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!(j.state, JobState::Running, "{j:?}");
+    assert_eq!(j.attempt, 2);
+    assert_eq!(j.lost_gpu_seconds, 0);
+    assert_eq!(
+        j.resume_from.get(&on_a).map(|p| p.checkpoint_id),
+        Some(notice_ckpt),
+        "the replica on a resumes from its notice checkpoint"
+    );
+    assert!(
+        !w.nodes_of(id).await.contains(&a),
+        "not on the draining node"
+    );
+    let events: Vec<String> = w
+        .store
+        .job_events(id, None, None, 100)
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    for kind in [
+        "job.queued",
+        "job.admitted",
+        "job.starting",
+        "job.running",
+        "job.draining",
+        "job.checkpointed",
+    ] {
+        assert!(events.iter().any(|e| e == kind), "{kind} in {events:?}");
+    }
+    // b runs attempt 2 now (its attempt-1 replica was stopped first).
+    assert!(
+        w.agents[&b]
+            .values()
+            .any(|(attempt, phase, _)| *attempt == 2 && *phase == ReplicaPhase::Running),
+        "{:?}",
+        w.agents[&b]
+    );
+
+    // Node c vanishes without notice ten minutes after a periodic round: lost work is recorded
+    // and the gang goes back to that round.
+    w.clock.advance(Duration::seconds(600));
+    w.rounds(2, Duration::seconds(5)).await;
+    w.clock.advance(Duration::seconds(300));
+    w.store
+        .transition_node(c, NodeState::Terminated, Some("gone".into()), w.now())
+        .await
+        .expect("terminated");
+    w.agents.remove(&c);
+    let d = w.node("d").await;
+    w.rounds(6, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.attempt), (JobState::Running, 3), "{j:?}");
+    // Two replicas × ~300 s since the round (a few seconds of rounds either side).
+    assert!(
+        (590..=640).contains(&j.lost_gpu_seconds),
+        "lost {} GPU-seconds",
+        j.lost_gpu_seconds
+    );
+
+    // A replica exits 1: retried after the back-off, then, failing again, over the limit.
+    w.exit(id, 0, 1).await;
+    w.rounds(2, Duration::seconds(1)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.failures), (JobState::Queued, 1), "{j:?}");
+    assert!(j.not_before.is_some(), "backs off");
+    w.rounds(5, Duration::seconds(2)).await;
+    assert_eq!(w.job(id).await.state, JobState::Queued, "still backing off");
+    w.clock.advance(Duration::seconds(30));
+    w.rounds(5, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.attempt), (JobState::Running, 4), "{j:?}");
+    w.exit(id, 1, 1).await;
+    w.rounds(2, Duration::seconds(1)).await;
+    let j = w.job(id).await;
+    assert_eq!(j.state, JobState::Failed, "{j:?}");
+    let reason = j.state_reason.unwrap_or_default();
+    assert!(
+        reason.contains("replica 1 exited with status 1"),
+        "{reason}"
+    );
+    // Its other replica is stopped.
+    w.rounds(2, Duration::seconds(1)).await;
+    assert!(
+        w.agents
+            .values()
+            .flat_map(|r| r.iter())
+            .filter(|((j, _), _)| *j == id)
+            .all(|(_, (_, phase, _))| *phase == ReplicaPhase::Exited),
+        "{:?}",
+        w.agents
+    );
+
+    // A job whose replica exits 0 succeeds.
+    let mut spec = JobSpec::new(
+        "short",
+        GpuShape::Whole {
+            gpus: 1,
+            models: vec![],
+        },
+        vec!["true".into()],
+    );
+    spec.checkpoint = None;
+    let short = JobId(uuid::Uuid::now_v7());
+    w.store
+        .submit_job(
+            NewJob {
+                id: short,
+                team_id: team.id.clone(),
+                team: "research".parse().expect("team"),
+                spec,
+                idempotency: None,
+            },
+            w.now(),
+        )
+        .await
+        .expect("submit");
+    w.rounds(5, Duration::seconds(2)).await;
+    assert_eq!(w.job(short).await.state, JobState::Running);
+    w.exit(short, 0, 0).await;
+    w.rounds(2, Duration::seconds(1)).await;
+    assert_eq!(w.job(short).await.state, JobState::Succeeded);
+
+    // An agent that stops heartbeating: after the timeout its node is retired.
+    w.agents.remove(&d);
+    w.clock.advance(Duration::seconds(61));
+    w.rounds(1, Duration::seconds(1)).await;
+    assert_eq!(
+        w.store.get_node(d).await.expect("node").state,
+        NodeState::Terminating
+    );
+    db.cleanup().await;
+}
+
+impl World {
+    /// The replica of the job's current attempt exits with `code`.
+    async fn exit(&mut self, job: JobId, replica: u32, code: i32) {
+        let attempt = self.job(job).await.attempt;
+        let r = self
+            .agents
+            .values_mut()
+            .find_map(|r| r.get_mut(&(job, replica)).filter(|r| r.0 == attempt))
+            .expect("the replica runs somewhere");
+        r.1 = ReplicaPhase::Exited;
+        r.2 = Some(code);
+    }
+}
