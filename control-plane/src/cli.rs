@@ -136,6 +136,23 @@ pub struct DemoArgs {
     /// Folder for the demo's database, objects and admin token.
     #[arg(long, default_value = "data/demo")]
     pub data_dir: PathBuf,
+    /// Run a fixed stretch of simulated time (e.g. 24) as fast as the machine allows, print a
+    /// summary and exit, instead of serving the live demo.
+    #[arg(long)]
+    pub hours: Option<f64>,
+    /// With --hours, print the summary as one JSON object.
+    #[arg(long, requires = "hours")]
+    pub json: bool,
+    /// Simulated seconds per real second for the live demo (3600: an hour a second). The
+    /// machine may not keep up; the page shows the simulated time.
+    #[arg(long, default_value_t = 3600.0)]
+    pub speed: f64,
+    /// The job stream: a Philly/Gavel trace (default: ../shared/data's 0e4a51 cluster).
+    #[arg(long)]
+    pub workload: Option<PathBuf>,
+    /// Simulated time per step of the world (agents, recovery, scheduling, capacity).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub step: std::time::Duration,
 }
 
 /// Where the server is and who is calling.

@@ -1,18 +1,26 @@
 //! `spotplane demo`: the whole system on one machine, from the embedded default.
 //!
 //! SQLite and a local-folder object store under `--data-dir`, an admin token written next to
-//! them (or taken from `SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN`), and the API on `--listen`.
+//! them (or taken from `SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN`), the API and the live page on
+//! `--listen`, and a simulated world on an accelerated clock: the three simulated clouds
+//! replaying ../shared/data, nodes with in-process agents (`simagent`), and a stream of Philly
+//! jobs for three teams, run by the control plane's own recovery, scheduling and capacity loops
+//! (`replay::World`). `--hours H` runs a fixed stretch as fast as it can and prints a summary.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use spotplane_providers::clock::{Clock as _, ManualClock};
+
 use crate::cli::DemoArgs;
-use crate::clock::SystemClock;
 use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::planner::PlanPolicy;
+use crate::replay::{ReplaySpec, World};
 use crate::server::{ServeOptions, Server, shutdown_signal};
-use crate::store::generate_secret;
+use crate::store::{Store, generate_secret};
 
 /// The admin token for the demo: the given one, the one kept from an earlier run, or a new one
 /// (kept in `<data_dir>/admin-token`, readable by its owner only).
@@ -60,6 +68,10 @@ pub async fn run(
     args: DemoArgs,
     bootstrap: Option<String>,
 ) -> anyhow::Result<()> {
+    if let Some(hours) = args.hours {
+        return run_day(config, args, hours).await;
+    }
+    anyhow::ensure!(args.speed > 0.0, "--speed must be more than 0");
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
@@ -72,16 +84,39 @@ pub async fn run(
         anyhow::bail!("invalid demo configuration: {errs}");
     }
     let (token, token_path) = admin_token(&data_dir, bootstrap)?;
+    // The world runs the loops on its own clock; the server answers on the same clock.
+    let spec = world_spec(&config, &args, 7.0)?;
+    let clock_file = data_dir.join("demo-clock");
+    let resume_at = std::fs::read_to_string(&clock_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<chrono::DateTime<chrono::Utc>>().ok());
+    let clock = ManualClock::new(spec.start);
+    let mut serving = config.clone();
+    serving.scheduler.enabled = false;
+    serving.providers.clear();
     let server = Server::start(
-        &config,
-        std::sync::Arc::new(SystemClock),
+        &serving,
+        std::sync::Arc::new(clock.clone()),
         ServeOptions {
             bootstrap_admin_token: Some(token.clone()),
         },
     )
     .await?;
+    let mut world = World::new(
+        server.state.store().clone(),
+        clock.clone(),
+        &config,
+        &spec,
+        PlanPolicy::ExpectedCost,
+        &data_dir.join("objects"),
+    )
+    .await?;
+    if let Some(t) = resume_at {
+        world.resume_at(t);
+    }
     let url = server.url();
     println!("spotplane demo is running");
+    println!("  live page    {url}/#token={token}");
     println!("  API          {url}   (OpenAPI: {url}/v1/openapi.json)");
     println!("  admin token  {token}");
     println!("               (kept in {})", token_path.display());
@@ -90,14 +125,178 @@ pub async fn run(
         data_dir.join("spotplane.sqlite").display()
     );
     println!("  objects      {}", data_dir.join("objects").display());
+    println!(
+        "  world        three simulated clouds, Philly jobs for three teams, from {} at {}× ",
+        clock.now().format("%Y-%m-%d %H:%M"),
+        args.speed
+    );
     println!();
     println!("  try:  curl -s -H \"Authorization: Bearer {token}\" {url}/v1/teams");
     println!("  stop: Ctrl-C");
     std::io::stdout().flush().ok();
     let cancel = server.cancellation();
+    tokio::spawn(run_world(
+        world,
+        spec.step,
+        args.speed,
+        clock_file,
+        cancel.clone(),
+    ));
     tokio::spawn(async move {
         shutdown_signal().await;
         cancel.cancel();
     });
     server.wait().await
+}
+
+/// The summary `spotplane demo --hours` prints.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DaySummary {
+    pub hours: f64,
+    pub jobs_submitted: usize,
+    pub jobs_finished: usize,
+    pub preemptions: u64,
+    pub recoveries: u64,
+    pub lost_gpu_hours: f64,
+    /// GPU-hours replicas ran.
+    pub gpu_hours: f64,
+    /// GPU-hours of the nodes held (what was paid for).
+    pub node_gpu_hours: f64,
+    pub cost_usd: f64,
+    pub ondemand_equivalent_usd: f64,
+    pub saving_pct: f64,
+    pub lost_work_pct: f64,
+    pub notice_to_durable_s: crate::replay::Percentiles,
+    pub notice_to_resumed_s: crate::replay::Percentiles,
+    pub wall_seconds: f64,
+}
+
+fn world_spec(config: &Config, args: &DemoArgs, days: f64) -> anyhow::Result<ReplaySpec> {
+    let data = config.sim.resolved_data_dir();
+    let workload = args
+        .workload
+        .clone()
+        .unwrap_or_else(|| data.join("gpu-trace/philly-gavel/0e4a51.trace"));
+    anyhow::ensure!(
+        workload.exists(),
+        "the job stream {} is missing (pass --workload, or set sim.data_dir to the shared data)",
+        workload.display()
+    );
+    Ok(ReplaySpec {
+        trace: workload,
+        days,
+        start: "2026-07-01T00:00:00Z".parse()?,
+        step: chrono::Duration::from_std(args.step)?,
+        data_dir: data,
+        max_jobs: 400,
+        seconds_per_step: 0.1,
+    })
+}
+
+/// `spotplane demo --hours H`: a fixed simulated stretch on a fresh database, then a summary.
+async fn run_day(config: Config, args: DemoArgs, hours: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        hours > 0.0 && hours <= 24.0 * 30.0,
+        "--hours must be more than 0 and at most 720"
+    );
+    let wall = std::time::Instant::now();
+    let dir = args.data_dir.join("day");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = std::fs::canonicalize(&dir)?;
+    let mut config = config;
+    config.database.url = format!("sqlite://{}", dir.join("spotplane.sqlite").display());
+    config.database.schema = None;
+    let spec = world_spec(&config, &args, hours / 24.0)?;
+    let store = Store::connect(&config.database, Metrics::new()).await?;
+    store.migrate().await?;
+    let clock = ManualClock::new(spec.start);
+    let mut world = World::new(
+        store,
+        clock,
+        &config,
+        &spec,
+        PlanPolicy::ExpectedCost,
+        &dir.join("objects"),
+    )
+    .await?;
+    while !world.done() {
+        world.step().await?;
+    }
+    let o = world.outcome("spotplane", wall).await?;
+    let s = DaySummary {
+        hours,
+        jobs_submitted: o.jobs_submitted,
+        jobs_finished: o.jobs_finished,
+        preemptions: o.preemptions,
+        recoveries: o.recoveries,
+        lost_gpu_hours: o.lost_gpu_hours,
+        gpu_hours: o.run_gpu_hours,
+        node_gpu_hours: o.gpu_hours,
+        cost_usd: o.total_cost_usd,
+        ondemand_equivalent_usd: o.ondemand_equivalent_usd,
+        saving_pct: o.saving_pct,
+        lost_work_pct: o.lost_work_pct,
+        notice_to_durable_s: o.notice_to_durable_s,
+        notice_to_resumed_s: o.notice_to_resumed_s,
+        wall_seconds: wall.elapsed().as_secs_f64(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else {
+        println!("spotplane demo: {hours} simulated hours on three simulated clouds ({:.0} s)", s.wall_seconds);
+        println!("  jobs          {} submitted, {} finished", s.jobs_submitted, s.jobs_finished);
+        println!("  preemptions   {} ({} recovered)", s.preemptions, s.recoveries);
+        println!(
+            "  notice        durable after {:.0} s (median; p99 {:.0} s), running again after {:.0} s (median; p99 {:.0} s)",
+            s.notice_to_durable_s.p50, s.notice_to_durable_s.p99, s.notice_to_resumed_s.p50, s.notice_to_resumed_s.p99
+        );
+        println!(
+            "  work          {:.1} GPU-hours run, {:.2} lost ({:.2}%)",
+            s.gpu_hours, s.lost_gpu_hours, s.lost_work_pct
+        );
+        println!(
+            "  cost          ${:.2} vs ${:.2} on-demand: {:.1}% saved",
+            s.cost_usd, s.ondemand_equivalent_usd, s.saving_pct
+        );
+        println!("  database      {}", dir.join("spotplane.sqlite").display());
+    }
+    Ok(())
+}
+
+/// The live demo's world: stepped at `speed` simulated seconds per real second (or as fast as
+/// the machine allows), its simulated time kept in `<data_dir>/demo-clock` so a restart goes on
+/// from there.
+async fn run_world(
+    mut world: World,
+    step: chrono::Duration,
+    speed: f64,
+    clock_file: PathBuf,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    let started = tokio::time::Instant::now();
+    let mut steps: u64 = 0;
+    let per_step = std::time::Duration::from_secs_f64(
+        (step.num_milliseconds() as f64 / 1000.0 / speed.max(1e-3)).max(0.0),
+    );
+    while !world.done() && !cancel.is_cancelled() {
+        if let Err(e) = world.step().await {
+            tracing::warn!(error = %e, "demo step failed; going on");
+        }
+        steps += 1;
+        if steps % 20 == 0 {
+            let _ = std::fs::write(&clock_file, world.now().to_rfc3339());
+        }
+        let due = started + per_step * u32::try_from(steps).unwrap_or(u32::MAX);
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep_until(due) => {}
+        }
+    }
+    let _ = std::fs::write(&clock_file, world.now().to_rfc3339());
+    if world.done() {
+        tracing::info!("the demo's simulated week is over; the API stays up");
+    }
 }

@@ -21,6 +21,7 @@ pub mod reconcile;
 pub mod recovery;
 pub mod replay;
 pub mod scheduler;
+pub mod simagent;
 pub mod server;
 pub mod simfront;
 pub mod store;

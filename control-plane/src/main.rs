@@ -100,7 +100,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Demo(args) => {
             let config = Config::load(cli.config.as_deref())?;
-            telemetry::init(&config.log);
+            let mut log = config.log.clone();
+            // A fixed run prints a summary: only warnings on the way, unless asked otherwise.
+            if args.hours.is_some() && std::env::var_os("SPOTPLANE_LOG__LEVEL").is_none() {
+                log.level = "warn".into();
+            }
+            telemetry::init(&log);
             demo::run(config, args, bootstrap_token()).await
         }
         Command::Config => {
@@ -201,7 +206,7 @@ async fn replay_cmd(config: &Config, args: &spotplane::cli::ReplayArgs) -> anyho
             println!("{}", serde_json::to_string(&o)?);
         } else {
             println!(
-                "{:<24} cost ${:>10.2}  on-demand equivalent ${:>10.2}  saved {:>5.1}%  jobs {}/{}  deadline misses {}  lost {:.1} GPU-h of {:.1}  queue {:.0} s  preemptions {}  nodes {} ({} on-demand)  ({:.1} s)",
+                "{:<24} cost ${:>10.2}  on-demand equivalent ${:>10.2}  saved {:>5.1}%  jobs {}/{}  deadline misses {}  lost {:.2} GPU-h of {:.1} run ({:.2}%)  queue {:.0} s  preemptions {} (recovered {})  notice->durable p50 {:.0} s p99 {:.0} s  notice->resumed p50 {:.0} s p99 {:.0} s  nodes {} ({} on-demand)  ({:.1} s)",
                 o.policy,
                 o.total_cost_usd,
                 o.ondemand_equivalent_usd,
@@ -210,9 +215,15 @@ async fn replay_cmd(config: &Config, args: &spotplane::cli::ReplayArgs) -> anyho
                 o.jobs_submitted,
                 o.deadline_misses,
                 o.lost_gpu_hours,
-                o.gpu_hours,
+                o.run_gpu_hours,
+                o.lost_work_pct,
                 o.mean_queue_delay_s,
                 o.preemptions,
+                o.recoveries,
+                o.notice_to_durable_s.p50,
+                o.notice_to_durable_s.p99,
+                o.notice_to_resumed_s.p50,
+                o.notice_to_resumed_s.p99,
                 o.nodes_bought,
                 o.on_demand_nodes,
                 o.wall_seconds

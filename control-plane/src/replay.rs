@@ -10,12 +10,12 @@
 //! minutes and has a deadline of 1.5× its work plus 2 hours after it arrives. Three teams take
 //! the jobs in turn.
 //!
-//! The harness plays the node agents: an admitted job starts, makes progress while every node it
-//! holds is up, checkpoints on schedule, and finishes when its work is done. When a node gets a
-//! notice, the jobs on it checkpoint inside the window (the window of every simulated cloud is
-//! long enough for these jobs' checkpoints) and are requeued; work since that checkpoint is kept,
-//! so lost work is what ran on nodes lost *without* a usable notice. Everything else — what is
-//! bought, where, when it is released, noticing that a node is gone — is the control plane's.
+//! Every node runs an in-process agent (`simagent`) speaking the agent protocol through the
+//! store: replicas make progress until their work is done, checkpoint (20 s each, into a local
+//! object store folder) when asked or on their cloud's notice, and resume from what they saved.
+//! Everything else — starting replicas, periodic checkpoints, hearing notices, requeueing with
+//! the resume point, recording lost work, what is bought, where, when it is released, noticing
+//! that a node is gone — is the control plane's own loops (recovery, scheduling, capacity).
 //!
 //! Cost is every node's price in force times the time it was held (bought to terminated); the
 //! on-demand equivalent is the same node-hours at the same capacity's on-demand price.
@@ -29,16 +29,18 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use spotplane_core::job::{CheckpointSpec, JobSpec};
 use spotplane_core::shape::GpuShape;
-use spotplane_core::{Cloud, JobId, JobState, Micros, NodeState};
+use spotplane_core::{Cloud, JobId, JobState, NodeState};
 use spotplane_providers::clock::{Clock as _, ManualClock};
 use spotplane_providers::config::ProviderConfig;
-use spotplane_providers::registry::{self, BuildContext};
+use spotplane_providers::registry::{self, BuildContext, Providers};
 use spotplane_providers::sim::SimConfig;
 
 use crate::config::{Config, DatabaseConfig};
 use crate::metrics::Metrics;
 use crate::planner::PlanPolicy;
 use crate::reconcile::capacity::{CapacityLoop, CapacitySettings};
+use crate::reconcile::recovery::RecoveryLoop;
+use crate::simagent::SimAgents;
 use crate::reconcile::scheduling::SchedulerLoop;
 use crate::store::{NewJob, NewTeam, Store, SubmitOutcome};
 
@@ -104,9 +106,25 @@ pub struct ReplayOutcome {
     pub jobs_finished: usize,
     pub deadline_misses: usize,
     pub lost_gpu_hours: f64,
+    /// GPU-hours of nodes held.
     pub gpu_hours: f64,
+    /// GPU-hours replicas ran (the work, including what was later lost).
+    pub run_gpu_hours: f64,
+    /// Lost work as a share of the GPU time replicas ran, in percent.
+    pub lost_work_pct: f64,
     pub mean_queue_delay_s: f64,
+    /// Runs ended by a notice or a lost node.
     pub preemptions: u64,
+    /// Runs after a preemption.
+    pub recoveries: u64,
+    /// Nodes whose agent saw a termination notice.
+    pub notices: u64,
+    /// Notice checkpoints that missed their deadline.
+    pub missed_checkpoints: u64,
+    /// From a notice to a replica's checkpoint being durable.
+    pub notice_to_durable_s: Percentiles,
+    /// From a preemption (drain or loss) to the job running again.
+    pub notice_to_resumed_s: Percentiles,
     pub nodes_bought: u64,
     /// Of those, on-demand nodes.
     pub on_demand_nodes: u64,
@@ -139,14 +157,8 @@ pub fn policy_by_name(name: &str) -> Option<PlanPolicy> {
 pub const POLICIES: [&str; 3] = ["on-demand-only", "cheapest-spot-failover", "spotplane"];
 
 struct Run {
-    work: f64,
-    gpus: u32,
     arrival: DateTime<Utc>,
     deadline: DateTime<Utc>,
-    done: f64,
-    checkpointed: f64,
-    started: Option<DateTime<Utc>>,
-    finished: Option<DateTime<Utc>>,
 }
 
 /// Replays one policy.
@@ -154,14 +166,6 @@ pub async fn replay(spec: &ReplaySpec, policy_name: &str) -> anyhow::Result<Repl
     let policy = policy_by_name(policy_name)
         .ok_or_else(|| anyhow::anyhow!("unknown policy {policy_name:?}; one of {POLICIES:?}"))?;
     let wall = std::time::Instant::now();
-    let trace = load_trace(&spec.trace, spec.seconds_per_step)?;
-    let horizon = spec.days * 86_400.0;
-    let arrivals: Vec<TraceJob> = trace
-        .into_iter()
-        .filter(|j| j.arrival_s < horizon)
-        .take(spec.max_jobs)
-        .collect();
-
     let scratch = tempfile::tempdir().context("a scratch folder")?;
     let mut config = Config::embedded_default()?;
     config.database = DatabaseConfig {
@@ -174,344 +178,398 @@ pub async fn replay(spec: &ReplaySpec, policy_name: &str) -> anyhow::Result<Repl
     let store = Store::connect(&config.database, Metrics::new()).await?;
     store.migrate().await?;
     let clock = ManualClock::new(spec.start);
-    let shared: crate::clock::SharedClock = Arc::new(clock.clone());
-    let sims: Vec<ProviderConfig> = Cloud::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, c)| ProviderConfig::Sim(SimConfig::new(*c, i as u64 + 1)))
-        .collect();
-    let providers = Arc::new(
-        registry::build(
-            &sims,
-            &BuildContext {
-                clock: shared.clone(),
-                sim_data_dir: spec.data_dir.clone(),
-                catalog_dir: None,
-                observer: None,
-            },
-        )
-        .await?,
-    );
-    let teams = ["vision", "nlp", "recsys"];
-    let mut team_ids = Vec::new();
-    for t in teams {
-        let team = store
-            .create_team(
-                NewTeam {
-                    name: t.parse()?,
-                    weight: 1.0,
-                    cohort: None,
-                    quotas: Default::default(),
-                },
-                spec.start,
-            )
-            .await?;
-        team_ids.push(team.id);
+    let mut world = World::new(
+        store,
+        clock,
+        &config,
+        spec,
+        policy,
+        &scratch.path().join("objects"),
+    )
+    .await?;
+    while !world.done() {
+        world.step().await?;
     }
-    let mut sched = SchedulerLoop::new(store.clone(), shared.clone(), config.scheduler.clone());
-    let mut settings = CapacitySettings {
-        cluster: "replay".into(),
-        ..CapacitySettings::default()
-    };
-    settings.planner.policy = policy;
-    let mut cap = CapacityLoop::new(
-        store.clone(),
-        Arc::clone(&providers),
-        shared.clone(),
-        settings,
-    );
+    world.outcome(policy_name, wall).await
+}
 
-    let mut runs: HashMap<JobId, Run> = HashMap::new();
-    let mut next = 0usize;
-    let mut preemptions = 0u64;
-    let mut lost_gpu_hours = 0.0;
-    let step_h = spec.step.num_seconds() as f64 / 3600.0;
-    let end = spec.start + Duration::seconds(horizon as i64);
-    let checkpoint_every = 0.5;
-    while clock.now() < end {
-        let now = clock.now();
-        // Arrivals.
-        while next < arrivals.len()
-            && spec.start + Duration::milliseconds((arrivals[next].arrival_s * 1000.0) as i64)
+/// The simulated world a replay (and `spotplane demo`) runs: the three simulated clouds, the
+/// trace's jobs arriving for three teams, in-process agents on every node, and the control
+/// plane's recovery, scheduling and capacity loops, all on one manual clock moved a step at a
+/// time.
+pub struct World {
+    pub store: Store,
+    pub clock: ManualClock,
+    pub providers: Arc<Providers>,
+    sched: SchedulerLoop,
+    cap: CapacityLoop,
+    recovery: RecoveryLoop,
+    agents: SimAgents,
+    arrivals: Vec<TraceJob>,
+    next: usize,
+    teams: Vec<(String, String)>,
+    runs: HashMap<JobId, Run>,
+    objects: PathBuf,
+    start: DateTime<Utc>,
+    step: Duration,
+    end: DateTime<Utc>,
+}
+
+impl World {
+    /// Sets up the world on `store` (migrated, empty), with checkpoints under `objects`.
+    pub async fn new(
+        store: Store,
+        clock: ManualClock,
+        config: &Config,
+        spec: &ReplaySpec,
+        policy: PlanPolicy,
+        objects: &Path,
+    ) -> anyhow::Result<World> {
+        let trace = load_trace(&spec.trace, spec.seconds_per_step)?;
+        let horizon = spec.days * 86_400.0;
+        let arrivals: Vec<TraceJob> = trace
+            .into_iter()
+            .filter(|j| j.arrival_s < horizon)
+            .take(spec.max_jobs)
+            .collect();
+        let shared: crate::clock::SharedClock = Arc::new(clock.clone());
+        let sims: Vec<ProviderConfig> = Cloud::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ProviderConfig::Sim(SimConfig::new(*c, i as u64 + 1)))
+            .collect();
+        let providers = Arc::new(
+            registry::build(
+                &sims,
+                &BuildContext {
+                    clock: shared.clone(),
+                    sim_data_dir: spec.data_dir.clone(),
+                    catalog_dir: None,
+                    observer: None,
+                },
+            )
+            .await?,
+        );
+        let mut teams = Vec::new();
+        for t in ["vision", "nlp", "recsys"] {
+            let team = match store
+                .create_team(
+                    NewTeam {
+                        name: t.parse()?,
+                        weight: 1.0,
+                        cohort: None,
+                        quotas: Default::default(),
+                    },
+                    spec.start,
+                )
+                .await
+            {
+                Ok(team) => team,
+                Err(crate::store::StoreError::Conflict(_)) => store.get_team(t).await?,
+                Err(e) => return Err(e.into()),
+            };
+            teams.push((t.to_owned(), team.id));
+        }
+        let sched = SchedulerLoop::new(store.clone(), shared.clone(), config.scheduler.clone());
+        let mut settings = CapacitySettings {
+            cluster: "replay".into(),
+            ..config.capacity.settings()
+        };
+        settings.planner.policy = policy;
+        let cap = CapacityLoop::new(
+            store.clone(),
+            Arc::clone(&providers),
+            shared.clone(),
+            settings,
+        );
+        std::fs::create_dir_all(objects)
+            .with_context(|| format!("creating {}", objects.display()))?;
+        let objects = std::fs::canonicalize(objects)?;
+        let agents = SimAgents::new(store.clone(), Arc::clone(&providers));
+        let recovery = RecoveryLoop::new(
+            store.clone(),
+            shared,
+            Some(Arc::clone(&providers)),
+            config.recovery.settings(),
+            format!("file://{}", objects.display()),
+        );
+        Ok(World {
+            store,
+            clock,
+            providers,
+            sched,
+            cap,
+            recovery,
+            agents,
+            arrivals,
+            next: 0,
+            teams,
+            runs: HashMap::new(),
+            objects,
+            start: spec.start,
+            step: spec.step,
+            end: spec.start + Duration::seconds(horizon as i64),
+        })
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
+        self.clock.now()
+    }
+
+    /// Goes on from `t` (a restarted demo): the clock moves there and arrivals before it are
+    /// skipped (they were submitted by the earlier run).
+    pub fn resume_at(&mut self, t: DateTime<Utc>) {
+        if t <= self.clock.now() {
+            return;
+        }
+        self.clock.set(t);
+        while self.next < self.arrivals.len()
+            && self.start
+                + Duration::milliseconds((self.arrivals[self.next].arrival_s * 1000.0) as i64)
+                <= t
+        {
+            self.next += 1;
+        }
+        self.end = self.end.max(t + Duration::days(7));
+    }
+
+    pub fn done(&self) -> bool {
+        self.clock.now() >= self.end
+    }
+
+    /// One step: arrivals, the agents, a recovery round, a scheduling cycle, a capacity round;
+    /// then the clock moves on.
+    pub async fn step(&mut self) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        while self.next < self.arrivals.len()
+            && self.start
+                + Duration::milliseconds((self.arrivals[self.next].arrival_s * 1000.0) as i64)
                 <= now
         {
-            let a = &arrivals[next];
-            let team = next % teams.len();
-            let shape = if a.gpus <= 8 {
-                (1, a.gpus)
-            } else {
-                (a.gpus.div_ceil(8), 8)
-            };
-            let mut js = JobSpec::new(
-                format!("philly-{next}"),
-                GpuShape::Whole {
-                    gpus: shape.1,
-                    models: vec![],
-                },
-                vec!["train".into()],
-            );
-            js.replicas = shape.0;
-            js.work_hours = Some(a.work_hours.max(1.0 / 60.0));
-            js.checkpoint = Some(CheckpointSpec {
-                uri: "file:///replay".into(),
-                interval_s: 1800,
-            });
-            let deadline = now + Duration::seconds((a.work_hours * 1.5 * 3600.0 + 7200.0) as i64);
-            js.deadline = Some(deadline);
-            let id = JobId(uuid::Uuid::now_v7());
-            match store
-                .submit_job(
-                    NewJob {
-                        id,
-                        team_id: team_ids[team].clone(),
-                        team: teams[team].parse()?,
-                        spec: js,
-                        idempotency: None,
-                    },
-                    now,
-                )
-                .await?
-            {
-                SubmitOutcome::Created(_) => {}
-                other => anyhow::bail!("submission refused: {other:?}"),
-            }
-            runs.insert(
-                id,
-                Run {
-                    work: a.work_hours,
-                    gpus: a.gpus,
-                    arrival: now,
-                    deadline,
-                    done: 0.0,
-                    checkpointed: 0.0,
-                    started: None,
-                    finished: None,
-                },
-            );
-            next += 1;
+            self.submit(now).await?;
         }
+        self.agents.tick(now, self.step).await?;
+        self.recovery.run_once().await?;
+        self.sched.run_once().await?;
+        self.cap.run_once().await?;
+        self.clock.advance(self.step);
+        Ok(())
+    }
 
-        sched.run_once().await?;
-        cap.run_once().await?;
-
-        // The agents: start what was admitted, advance what runs, react to notices.
-        let live: HashMap<String, (Cloud, String)> = store
-            .list_nodes(&[NodeState::Booting, NodeState::Ready, NodeState::Draining])
+    async fn submit(&mut self, now: DateTime<Utc>) -> anyhow::Result<()> {
+        let a = self.arrivals[self.next].clone();
+        let (team_name, team_id) = self.teams[self.next % self.teams.len()].clone();
+        let shape = if a.gpus <= 8 {
+            (1, a.gpus)
+        } else {
+            (a.gpus.div_ceil(8), 8)
+        };
+        let mut js = JobSpec::new(
+            format!("philly-{}", self.next),
+            GpuShape::Whole {
+                gpus: shape.1,
+                models: vec![],
+            },
+            vec!["train".into()],
+        );
+        js.replicas = shape.0;
+        js.work_hours = Some(a.work_hours.max(1.0 / 60.0));
+        let id = JobId(uuid::Uuid::now_v7());
+        js.checkpoint = Some(CheckpointSpec {
+            uri: format!("file://{}/jobs/{id}", self.objects.display()),
+            interval_s: 1800,
+        });
+        let deadline = now + Duration::seconds((a.work_hours * 1.5 * 3600.0 + 7200.0) as i64);
+        js.deadline = Some(deadline);
+        match self
+            .store
+            .submit_job(
+                NewJob {
+                    id,
+                    team_id,
+                    team: team_name.parse()?,
+                    spec: js,
+                    idempotency: None,
+                },
+                now,
+            )
             .await?
-            .into_iter()
-            .filter_map(|n| Some((n.id.to_string(), (n.cloud, n.provider_instance_id?))))
-            .collect();
-        let mut noticed_nodes: HashMap<String, bool> = HashMap::new();
-        for (node, (cloud, pid)) in &live {
-            if let Some(sim) = providers.sim(*cloud) {
-                let notice = sim.instance_by_name(pid).is_some_and(|i| {
-                    i.notice.is_some() || i.terminated_at.is_some_and(|t| t <= now)
-                });
-                noticed_nodes.insert(node.clone(), notice);
-            }
+        {
+            SubmitOutcome::Created(_) => {}
+            other => anyhow::bail!("submission refused: {other:?}"),
         }
-        let holding = store.jobs_with_nodes().await?;
-        for (job, (state, nodes)) in holding {
-            let Some(run) = runs.get_mut(&job) else {
-                continue;
-            };
-            let all_up = nodes
-                .iter()
-                .all(|n| noticed_nodes.get(&n.to_string()) == Some(&false));
-            match state {
-                JobState::Admitted => {
-                    store
-                        .transition_job(
-                            job,
-                            None,
-                            Some(JobState::Admitted),
-                            JobState::Starting,
-                            None,
-                            now,
-                        )
-                        .await?;
-                    store
-                        .transition_job(
-                            job,
-                            None,
-                            Some(JobState::Starting),
-                            JobState::Running,
-                            None,
-                            now,
-                        )
-                        .await?;
-                    run.started.get_or_insert(now);
-                }
-                JobState::Running if all_up => {
-                    run.done += step_h;
-                    if run.done - run.checkpointed >= checkpoint_every {
-                        run.checkpointed = run.done;
-                    }
-                    if run.done >= run.work {
-                        store
-                            .transition_job(
-                                job,
-                                None,
-                                Some(JobState::Running),
-                                JobState::Succeeded,
-                                None,
-                                now,
-                            )
-                            .await?;
-                        run.finished = Some(now);
-                    }
-                }
-                JobState::Running => {
-                    // A node of the gang has its notice: checkpoint inside the window, requeue.
-                    preemptions += 1;
-                    run.checkpointed = run.done;
-                    store
-                        .transition_job(
-                            job,
-                            None,
-                            Some(JobState::Running),
-                            JobState::Draining,
-                            Some("node notice".into()),
-                            now,
-                        )
-                        .await?;
-                    store
-                        .transition_job(
-                            job,
-                            None,
-                            Some(JobState::Draining),
-                            JobState::Checkpointed,
-                            None,
-                            now,
-                        )
-                        .await?;
-                    store
-                        .transition_job(
-                            job,
-                            None,
-                            Some(JobState::Checkpointed),
-                            JobState::Queued,
-                            Some("resume from checkpoint".into()),
-                            now,
-                        )
-                        .await?;
-                }
-                _ => {}
-            }
-        }
-        // Jobs whose node vanished without the harness seeing a notice: back to the last checkpoint.
-        for (job, state) in store.jobs_on_dead_nodes().await? {
-            let Some(run) = runs.get_mut(&job) else {
-                continue;
-            };
-            match state {
-                JobState::Running | JobState::Starting | JobState::Draining => {
-                    lost_gpu_hours += (run.done - run.checkpointed) * f64::from(run.gpus);
-                    run.done = run.checkpointed;
-                    store
-                        .transition_job(
-                            job,
-                            None,
-                            Some(state),
-                            JobState::Lost,
-                            Some("node lost".into()),
-                            now,
-                        )
-                        .await?;
-                    store
-                        .transition_job(
-                            job,
-                            None,
-                            Some(JobState::Lost),
-                            JobState::Queued,
-                            Some("resume from the last checkpoint".into()),
-                            now,
-                        )
-                        .await?;
-                }
-                JobState::Admitted | JobState::Checkpointed => {
-                    store
-                        .transition_job(
-                            job,
-                            None,
-                            Some(state),
-                            JobState::Queued,
-                            Some("node lost before start".into()),
-                            now,
-                        )
-                        .await?;
-                }
-                _ => {}
-            }
-        }
-        clock.advance(spec.step);
+        self.agents.set_work(id, a.work_hours.max(1.0 / 60.0));
+        self.runs.insert(
+            id,
+            Run {
+                arrival: now,
+                deadline,
+            },
+        );
+        self.next += 1;
+        Ok(())
     }
 
-    // Bills.
-    let end_now = clock.now();
-    let (mut cost, mut od) = (0i128, 0i128);
-    let mut gpu_hours = 0.0;
-    let nodes = store.list_nodes(&NodeState::ALL).await?;
-    for n in &nodes {
-        if n.provider_instance_id.is_none() {
-            continue;
-        }
-        let until = n.terminated_at.unwrap_or(end_now);
-        let ms = i128::from((until - n.created_at).num_milliseconds().max(0));
-        cost += i128::from(
-            Micros::from_usd_f64(n.hourly_price_usd)
-                .unwrap_or_default()
-                .0,
-        ) * ms;
-        od += i128::from(
-            Micros::from_usd_f64(n.on_demand_price_usd)
-                .unwrap_or_default()
-                .0,
-        ) * ms;
-        gpu_hours += n.gpus.len() as f64 * ms as f64 / 3_600_000.0;
-    }
-    let usd = |v: i128| v as f64 / 3_600_000.0 / 1e6;
-    let finished: Vec<&Run> = runs.values().filter(|r| r.finished.is_some()).collect();
-    let misses = runs
-        .values()
-        .filter(|r| r.finished.map_or(end_now > r.deadline, |f| f > r.deadline))
-        .count();
-    let delays: Vec<f64> = runs
-        .values()
-        .filter_map(|r| r.started.map(|s| (s - r.arrival).num_seconds() as f64))
-        .collect();
-    Ok(ReplayOutcome {
-        policy: policy_name.to_owned(),
-        total_cost_usd: usd(cost),
-        ondemand_equivalent_usd: usd(od),
-        saving_pct: if od > 0 {
-            100.0 * (1.0 - cost as f64 / od as f64)
-        } else {
-            0.0
-        },
-        jobs_submitted: runs.len(),
-        jobs_finished: finished.len(),
-        deadline_misses: misses,
-        lost_gpu_hours,
-        gpu_hours,
-        mean_queue_delay_s: if delays.is_empty() {
-            0.0
-        } else {
-            delays.iter().sum::<f64>() / delays.len() as f64
-        },
-        preemptions,
-        nodes_bought: nodes
+    /// What the world came to so far.
+    pub async fn outcome(
+        &self,
+        policy_name: &str,
+        wall: std::time::Instant,
+    ) -> anyhow::Result<ReplayOutcome> {
+        let store = &self.store;
+        let agents = &self.agents;
+        let runs = &self.runs;
+        let end_now = self.clock.now();
+        let nodes = store.list_nodes(&NodeState::ALL).await?;
+        let spend = crate::finance::held::held_spend(&nodes, end_now);
+        let history = JobHistory::read(&store, runs.keys().copied()).await?;
+        let misses = runs
             .iter()
-            .filter(|n| n.provider_instance_id.is_some())
-            .count() as u64,
-        on_demand_nodes: nodes
-            .iter()
-            .filter(|n| {
-                n.provider_instance_id.is_some() && n.market == spotplane_core::Market::OnDemand
+            .filter(|(id, r)| {
+                history
+                    .finished
+                    .get(id)
+                    .map_or(end_now > r.deadline, |f| *f > r.deadline)
             })
-            .count() as u64,
-        wall_seconds: wall.elapsed().as_secs_f64(),
-    })
+            .count();
+        let delays: Vec<f64> = runs
+            .iter()
+            .filter_map(|(id, r)| {
+                history
+                    .first_running
+                    .get(id)
+                    .map(|s| (*s - r.arrival).num_seconds() as f64)
+            })
+            .collect();
+        let run_gpu_hours = agents.stats.gpu_seconds / 3600.0;
+        let mut durable = agents.stats.notice_to_durable_s.clone();
+        let mut resumed = history.notice_to_resumed_s.clone();
+        Ok(ReplayOutcome {
+            policy: policy_name.to_owned(),
+            total_cost_usd: spend.cost_usd,
+            ondemand_equivalent_usd: spend.ondemand_equivalent_usd,
+            saving_pct: spend.saving_pct,
+            jobs_submitted: runs.len(),
+            jobs_finished: history.finished.len(),
+            deadline_misses: misses,
+            lost_gpu_hours: history.lost_gpu_seconds as f64 / 3600.0,
+            gpu_hours: spend.node_gpu_hours,
+            run_gpu_hours,
+            lost_work_pct: if run_gpu_hours > 0.0 {
+                100.0 * history.lost_gpu_seconds as f64 / 3600.0 / run_gpu_hours
+            } else {
+                0.0
+            },
+            mean_queue_delay_s: if delays.is_empty() {
+                0.0
+            } else {
+                delays.iter().sum::<f64>() / delays.len() as f64
+            },
+            preemptions: history.preemptions,
+            recoveries: history.recoveries,
+            notices: agents.stats.notices,
+            missed_checkpoints: agents.stats.missed,
+            notice_to_durable_s: Percentiles::of(&mut durable),
+            notice_to_resumed_s: Percentiles::of(&mut resumed),
+            nodes_bought: nodes
+                .iter()
+                .filter(|n| n.provider_instance_id.is_some())
+                .count() as u64,
+            on_demand_nodes: nodes
+                .iter()
+                .filter(|n| {
+                    n.provider_instance_id.is_some() && n.market == spotplane_core::Market::OnDemand
+                })
+                .count() as u64,
+            wall_seconds: wall.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// Median, 99th percentile and count of a sample (seconds).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50: f64,
+    pub p99: f64,
+}
+
+impl Percentiles {
+    pub fn of(v: &mut [f64]) -> Percentiles {
+        if v.is_empty() {
+            return Percentiles::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+        Percentiles {
+            count: v.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// What the jobs' histories say: when each first ran and finished, preemptions (a run ended by
+/// a notice or a lost node), recoveries (a later run after one), the time from a preemption to
+/// the job running again, and the work lost.
+#[derive(Debug, Default)]
+pub struct JobHistory {
+    pub first_running: HashMap<JobId, DateTime<Utc>>,
+    pub finished: HashMap<JobId, DateTime<Utc>>,
+    pub preemptions: u64,
+    pub recoveries: u64,
+    pub notice_to_resumed_s: Vec<f64>,
+    pub lost_gpu_seconds: i64,
+}
+
+impl JobHistory {
+    pub async fn read(
+        store: &Store,
+        jobs: impl IntoIterator<Item = JobId>,
+    ) -> anyhow::Result<JobHistory> {
+        let mut h = JobHistory::default();
+        for id in jobs {
+            let job = store.get_job(id, None).await?;
+            h.lost_gpu_seconds += job.lost_gpu_seconds;
+            if job.state == JobState::Succeeded
+                && let Some(f) = job.finished_at
+            {
+                h.finished.insert(id, f);
+            }
+            let mut after = None;
+            let mut preempted_at: Option<DateTime<Utc>> = None;
+            loop {
+                let page = store.job_events(id, None, after, 500).await?;
+                if page.items.is_empty() {
+                    break;
+                }
+                for e in &page.items {
+                    after = Some(e.seq);
+                    match e.to_state {
+                        Some(JobState::Running) => {
+                            h.first_running.entry(id).or_insert(e.at);
+                            if let Some(p) = preempted_at.take() {
+                                h.recoveries += 1;
+                                h.notice_to_resumed_s
+                                    .push((e.at - p).num_milliseconds() as f64 / 1000.0);
+                            }
+                        }
+                        Some(JobState::Draining | JobState::Lost)
+                            if preempted_at.is_none() =>
+                        {
+                            h.preemptions += 1;
+                            preempted_at = Some(e.at);
+                        }
+                        _ => {}
+                    }
+                }
+                if page.next_cursor.is_none() {
+                    break;
+                }
+            }
+        }
+        Ok(h)
+    }
 }
 
 #[cfg(test)]

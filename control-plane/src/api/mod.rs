@@ -13,6 +13,7 @@ mod finance;
 mod health;
 mod jobs;
 mod openapi;
+pub mod overview;
 mod teams;
 mod tokens;
 mod webhooks;
@@ -165,6 +166,7 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}/events", get(jobs::job_events))
         .route("/nodes", get(cluster::list_nodes))
         .route("/offers", get(cluster::list_offers))
+        .route("/overview", get(overview::overview))
         .route("/webhooks", post(webhooks::create).get(webhooks::list))
         .route(
             "/webhooks/{id}",
@@ -188,6 +190,7 @@ pub fn router(state: AppState) -> Router {
         .merge(agent::routes());
     let max_body = state.inner.max_body_bytes;
     Router::new()
+        .route("/", get(overview::page))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))

@@ -5,7 +5,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::problem::Problem;
-use super::{agent, cluster, finance, jobs, teams, tokens, webhooks};
+use super::{agent, cluster, finance, jobs, overview, teams, tokens, webhooks};
 use crate::model::{Gpu, Job, JobEvent, Node, Offer, Role, Team, Token};
 
 #[derive(OpenApi)]
@@ -20,7 +20,7 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         teams::create_team, teams::list_teams, teams::get_team, teams::update_team,
         tokens::create_team_token, tokens::list_team_tokens, tokens::create_token, tokens::list_tokens, tokens::revoke_token,
         jobs::submit_job, jobs::list_jobs, jobs::get_job, jobs::cancel_job, jobs::job_events,
-        cluster::list_nodes, cluster::list_offers,
+        cluster::list_nodes, cluster::list_offers, overview::overview,
         agent::register, agent::heartbeat, agent::command_result, agent::report_checkpoint,
         agent::issue_bootstrap, agent::queue_command, agent::list_commands, agent::agent_status, agent::job_checkpoints,
         finance::summary, finance::export_csv, finance::get_budget, finance::put_budget,
@@ -28,6 +28,8 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         webhooks::rotate_secret, webhooks::send_ping, webhooks::deliveries,
     ),
     components(schemas(Problem, Team, Token, Role, Job, JobEvent, Node, Gpu, Offer,
+        overview::Overview, overview::EventLine, crate::store::PlacedReplica, crate::store::JobLine,
+        crate::finance::held::HeldSpend, crate::recovery::ResumePoint,
         crate::finance::summary::Summary, crate::finance::summary::SummaryRow,
         crate::finance::summary::Figures, crate::finance::summary::GroupBy, finance::Budget,
         crate::model::Subscription, crate::model::Delivery, webhooks::CreateWebhook,

@@ -6,6 +6,7 @@
 //! - [`export`]: the ledger as CSV, and as a FinOps FOCUS file.
 
 pub mod export;
+pub mod held;
 pub mod ledger;
 pub mod summary;
 pub mod week;

@@ -98,6 +98,8 @@ pub struct NodeView {
     pub notice_deadline: Option<DateTime<Utc>>,
     /// Whether the node's own agent saw the notice (and so checkpoints by itself).
     pub agent_saw_notice: bool,
+    /// When the agent saw it (its clock): its checkpoints for it began then.
+    pub notice_seen_at: Option<DateTime<Utc>>,
     /// When its agent was last heard; `None` if no agent ever registered.
     pub agent_last_seen: Option<DateTime<Utc>>,
 }
@@ -529,6 +531,12 @@ fn plan_job(
         }
         JobState::Draining => {
             let since = j.drain_started_at.unwrap_or(now);
+            let seen = j
+                .allocs
+                .iter()
+                .filter_map(|a| nodes.get(&a.node).and_then(|n| n.notice_seen_at))
+                .min();
+            let fresh_from = seen.map_or(since, |t| t.min(since)) - s.notice_skew;
             let asked = j.checkpoint_requested_at.is_some_and(|t| t >= since);
             // A checkpoint counts for the drain if it began after the drain did; the agent starts
             // one on a notice as it reports the notice, so a little clock skew is allowed.
@@ -541,7 +549,7 @@ fn plan_job(
                         .filter(|c| {
                             c.replica == a.replica
                                 && c.attempt == a.attempt
-                                && c.started_at >= since - s.notice_skew
+                                && c.started_at >= fresh_from
                         })
                         .max_by_key(|c| c.point.completed_at)
                         .map(|c| (a.replica, &c.point))

@@ -25,6 +25,7 @@ fn ready(n: u128) -> NodeView {
         state: NodeState::Ready,
         notice_deadline: None,
         agent_saw_notice: false,
+        notice_seen_at: None,
         agent_last_seen: None,
     }
 }
@@ -475,6 +476,7 @@ proptest! {
             state: [NodeState::Ready, NodeState::Draining, NodeState::Terminated, NodeState::Booting][*s as usize],
             notice_deadline: (*s == 1).then(|| t(1000)),
             agent_saw_notice: i % 2 == 0,
+            notice_seen_at: None,
             agent_last_seen: Some(t(seen)),
         }).collect();
         let jobs: Vec<JobView> = states.iter().enumerate().map(|(k, s)| {

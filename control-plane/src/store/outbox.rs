@@ -24,6 +24,20 @@ pub struct OutboxEvent {
     pub created_at: DateTime<Utc>,
 }
 
+impl From<outbox::Model> for OutboxEvent {
+    fn from(r: outbox::Model) -> Self {
+        OutboxEvent {
+            id: r.id,
+            kind: r.kind,
+            subject_kind: r.subject_kind,
+            subject_id: r.subject_id,
+            team_id: r.team_id,
+            payload: r.payload,
+            created_at: r.created_at,
+        }
+    }
+}
+
 impl Store {
     /// Events after `after` (exclusive), oldest first, at most `limit`.
     pub async fn outbox_after(
@@ -38,18 +52,7 @@ impl Store {
                 .limit(limit)
                 .all(&self.read)
                 .await?;
-            Ok(rows
-                .into_iter()
-                .map(|r| OutboxEvent {
-                    id: r.id,
-                    kind: r.kind,
-                    subject_kind: r.subject_kind,
-                    subject_id: r.subject_id,
-                    team_id: r.team_id,
-                    payload: r.payload,
-                    created_at: r.created_at,
-                })
-                .collect())
+            Ok(rows.into_iter().map(OutboxEvent::from).collect())
         })
         .await
     }

@@ -178,6 +178,10 @@ impl Store {
                     id: parse_col("nodes", id, id)?,
                     state,
                     notice_deadline: n.notice_deadline,
+                    notice_seen_at: notice
+                        .as_ref()
+                        .filter(|n| n.deadline.is_some() && n.action != "rebalance")
+                        .map(|n| n.observed_at),
                     agent_saw_notice: notice
                         .is_some_and(|n| n.deadline.is_some() && n.action != "rebalance"),
                     agent_last_seen: agent

@@ -1,0 +1,43 @@
+//! Spend by node time held: every bought node's price in force times the time from its purchase
+//! to its end (or `now`), against the on-demand price of the same capacity. A quick figure for
+//! the live page and the replays; the ledger (`finance::ledger`) is the one finance reads.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use spotplane_core::Micros;
+
+use crate::model::Node;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct HeldSpend {
+    pub cost_usd: f64,
+    pub ondemand_equivalent_usd: f64,
+    /// Percent saved against on-demand.
+    pub saving_pct: f64,
+    /// GPU-hours of the nodes held.
+    pub node_gpu_hours: f64,
+}
+
+pub fn held_spend(nodes: &[Node], now: DateTime<Utc>) -> HeldSpend {
+    let (mut cost, mut od) = (0i128, 0i128);
+    let mut gpu_hours = 0.0;
+    for n in nodes.iter().filter(|n| n.provider_instance_id.is_some()) {
+        let until = n.terminated_at.unwrap_or(now);
+        let ms = i128::from((until - n.created_at).num_milliseconds().max(0));
+        let micros = |usd: f64| i128::from(Micros::from_usd_f64(usd).unwrap_or_default().0);
+        cost += micros(n.hourly_price_usd) * ms;
+        od += micros(n.on_demand_price_usd) * ms;
+        gpu_hours += n.gpus.len() as f64 * ms as f64 / 3_600_000.0;
+    }
+    let usd = |v: i128| v as f64 / 3_600_000.0 / 1e6;
+    HeldSpend {
+        cost_usd: usd(cost),
+        ondemand_equivalent_usd: usd(od),
+        saving_pct: if od > 0 {
+            100.0 * (1.0 - cost as f64 / od as f64)
+        } else {
+            0.0
+        },
+        node_gpu_hours: gpu_hours,
+    }
+}

@@ -1,0 +1,556 @@
+//! In-process agents for simulated nodes, for `spotplane demo` and `spotplane replay`.
+//!
+//! Each one speaks the agent protocol through the store's agent operations — the same ones
+//! `/v1/agent/register`, `/heartbeat`, `/checkpoints` call — so the control plane cannot tell
+//! it from a real agent. It registers with a bootstrap token once its node is up, reports its
+//! replicas every tick, reads the termination notice from its simulated cloud's metadata (as a
+//! real agent reads IMDS, `preempted` or Scheduled Events), and carries out commands. Workloads
+//! are simulated: a replica makes one hour of progress per hour of run time until its job's
+//! `work_hours`; a checkpoint takes `checkpoint_time` and writes the progress (and a manifest)
+//! into the local object store folder, from where a resumed replica reads it back. A node the
+//! cloud takes goes silent, as a real one would.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+use spotplane_core::agent::{
+    AppliedMigLayout, CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger,
+    Command, CommandKind, CommandResult, Heartbeat, NoticeSource, RegisterRequest, ReplicaPhase,
+    ReplicaStatus, TerminationNotice, PROTOCOL_VERSION,
+};
+use spotplane_core::{CheckpointId, Cloud, CommandId, JobId, NodeId, NodeState};
+use spotplane_providers::registry::Providers;
+
+use crate::store::{AgentCaller, Registration, Store, StoreError, new_uuid};
+
+/// What the simulated agents saw, for the demo's and the replay's figures.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SimStats {
+    /// Seconds from a notice to each replica's checkpoint being durable.
+    pub notice_to_durable_s: Vec<f64>,
+    /// Replica checkpoints that missed their notice's deadline.
+    pub missed: u64,
+    /// Notices seen (one per node).
+    pub notices: u64,
+    /// GPU-seconds replicas ran.
+    pub gpu_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SimState {
+    progress_hours: f64,
+}
+
+#[derive(Debug)]
+struct Replica {
+    attempt: u32,
+    gpus: u32,
+    phase: ReplicaPhase,
+    exit_code: Option<i32>,
+    progress_hours: f64,
+    work_hours: f64,
+    uri: String,
+    /// A checkpoint in flight: id, trigger, started, ready at, deadline, command to answer.
+    checkpoint: Option<InFlight>,
+    /// Stop once the checkpoint in flight is done (a drain).
+    stop_after: bool,
+}
+
+#[derive(Debug, Clone)]
+struct InFlight {
+    id: CheckpointId,
+    trigger: CheckpointTrigger,
+    started: DateTime<Utc>,
+    ready_at: DateTime<Utc>,
+    deadline: Option<DateTime<Utc>>,
+    command: Option<CommandId>,
+    progress_hours: f64,
+}
+
+#[derive(Debug)]
+struct Agent {
+    cloud: Cloud,
+    instance: String,
+    replicas: BTreeMap<(JobId, u32), Replica>,
+    notice: Option<TerminationNotice>,
+    results: Vec<CommandResult>,
+    seen: HashSet<CommandId>,
+}
+
+pub struct SimAgents {
+    store: Store,
+    providers: Arc<Providers>,
+    /// Work each job needs, per replica, in hours.
+    work: HashMap<JobId, f64>,
+    /// How long a checkpoint takes to become durable.
+    pub checkpoint_time: Duration,
+    agents: BTreeMap<NodeId, Agent>,
+    pub stats: SimStats,
+}
+
+fn source(cloud: Cloud) -> NoticeSource {
+    match cloud {
+        Cloud::Aws => NoticeSource::AwsInstanceAction,
+        Cloud::Gcp => NoticeSource::GcpPreempted,
+        Cloud::Azure => NoticeSource::AzureScheduledEvent,
+    }
+}
+
+/// A local path for a `file://` URI; other schemes are not for simulated agents.
+fn local(uri: &str) -> Option<PathBuf> {
+    uri.strip_prefix("file://").map(PathBuf::from)
+}
+
+impl SimAgents {
+    pub fn new(store: Store, providers: Arc<Providers>) -> Self {
+        SimAgents {
+            store,
+            providers,
+            work: HashMap::new(),
+            checkpoint_time: Duration::seconds(20),
+            agents: BTreeMap::new(),
+            stats: SimStats::default(),
+        }
+    }
+
+    /// Tells the agents how much work a job's replicas need (what a real workload knows).
+    pub fn set_work(&mut self, job: JobId, hours: f64) {
+        self.work.insert(job, hours);
+    }
+
+    /// One tick: `dt` of simulated time has passed since the last.
+    pub async fn tick(&mut self, now: DateTime<Utc>, dt: Duration) -> Result<(), StoreError> {
+        let live = self
+            .store
+            .list_nodes(&[NodeState::Booting, NodeState::Ready, NodeState::Draining])
+            .await?;
+        let mut present = HashSet::new();
+        for n in &live {
+            let (Some(pid), Some(sim)) = (&n.provider_instance_id, self.providers.sim(n.cloud))
+            else {
+                continue;
+            };
+            let Some(inst) = sim.instance_by_name(pid) else {
+                continue;
+            };
+            if inst.terminated_at.is_some_and(|t| t <= now) || inst.ready_at > now {
+                continue;
+            }
+            present.insert(n.id);
+            if !self.agents.contains_key(&n.id) {
+                self.register(n.id, n.cloud, pid.clone(), now).await?;
+            }
+        }
+        // A node the cloud took is silent from now on.
+        self.agents.retain(|id, _| present.contains(id));
+
+        let ids: Vec<NodeId> = self.agents.keys().copied().collect();
+        for id in ids {
+            self.advance(id, now, dt).await?;
+            let cmds = self.heartbeat(id, now).await?;
+            for c in cmds {
+                self.carry_out(id, c, now).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn register(
+        &mut self,
+        node: NodeId,
+        cloud: Cloud,
+        instance: String,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let secret = self
+            .store
+            .issue_agent_bootstrap(node, now + Duration::hours(1), now)
+            .await?;
+        let req = RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: node,
+            agent_version: concat!("sim-", env!("CARGO_PKG_VERSION")).into(),
+            hostname: instance.clone(),
+            instance_id: Some(instance.clone()),
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpus: vec![],
+        };
+        match self
+            .store
+            .register_agent(AgentCaller::Bootstrap(secret), &req, now)
+            .await?
+        {
+            Registration::Registered { .. } => {}
+            other => {
+                tracing::warn!(%node, ?other, "simulated agent could not register");
+                return Ok(());
+            }
+        }
+        self.agents.insert(
+            node,
+            Agent {
+                cloud,
+                instance,
+                replicas: BTreeMap::new(),
+                notice: None,
+                results: Vec::new(),
+                seen: HashSet::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Progress, the notice from the metadata service, checkpoints that finish.
+    async fn advance(
+        &mut self,
+        node: NodeId,
+        now: DateTime<Utc>,
+        dt: Duration,
+    ) -> Result<(), StoreError> {
+        let Some(a) = self.agents.get_mut(&node) else {
+            return Ok(());
+        };
+        let hours = dt.num_milliseconds() as f64 / 3_600_000.0;
+        for r in a.replicas.values_mut() {
+            if matches!(r.phase, ReplicaPhase::Running | ReplicaPhase::Checkpointing) {
+                r.progress_hours += hours;
+                self.stats.gpu_seconds += hours * 3600.0 * f64::from(r.gpus);
+                if r.progress_hours >= r.work_hours && r.checkpoint.is_none() {
+                    r.phase = ReplicaPhase::Exited;
+                    r.exit_code = Some(0);
+                }
+            }
+        }
+        // The metadata service: a notice once the cloud posts it; every replica checkpoints.
+        let sim_notice = self
+            .providers
+            .sim(a.cloud)
+            .and_then(|s| s.notice(&a.instance));
+        if let (Some(n), None) = (&sim_notice, &a.notice) {
+            self.stats.notices += 1;
+            // A real agent polls every few seconds: it sees the notice a second after it is
+            // posted, which may be earlier than this tick.
+            let seen = (n.posted_at + Duration::seconds(1)).min(now);
+            let behind = (now - seen).num_milliseconds() as f64 / 3_600_000.0;
+            a.notice = Some(TerminationNotice {
+                source: source(a.cloud),
+                action: match a.cloud {
+                    Cloud::Aws => "terminate".into(),
+                    Cloud::Gcp => "preempt".into(),
+                    Cloud::Azure => "preempt".into(),
+                },
+                deadline: Some(n.deadline),
+                observed_at: seen,
+                event_id: Some(n.event_id.clone()),
+            });
+            for r in a.replicas.values_mut() {
+                if r.phase != ReplicaPhase::Exited && r.checkpoint.is_none() {
+                    r.checkpoint = Some(InFlight {
+                        id: CheckpointId::from_uuid(new_uuid(seen)),
+                        trigger: CheckpointTrigger::Notice,
+                        started: seen,
+                        ready_at: seen + self.checkpoint_time,
+                        deadline: Some(n.deadline),
+                        command: None,
+                        progress_hours: (r.progress_hours - behind).max(0.0),
+                    });
+                    r.phase = ReplicaPhase::Checkpointing;
+                }
+            }
+        }
+        // Checkpoints that are done now.
+        let notice_at = a.notice.as_ref().map(|n| n.observed_at);
+        let mut reports = Vec::new();
+        for ((job, replica), r) in a.replicas.iter_mut() {
+            let Some(f) = r.checkpoint.clone().filter(|f| f.ready_at <= now) else {
+                continue;
+            };
+            r.checkpoint = None;
+            if r.phase == ReplicaPhase::Checkpointing {
+                r.phase = ReplicaPhase::Running;
+            }
+            let in_time = f.deadline.is_none_or(|d| f.ready_at <= d);
+            let report = write_checkpoint(*job, *replica, r.attempt, &r.uri, &f, in_time);
+            if f.trigger == CheckpointTrigger::Notice {
+                match (in_time, notice_at) {
+                    (true, Some(at)) => self
+                        .stats
+                        .notice_to_durable_s
+                        .push((f.ready_at - at).num_milliseconds() as f64 / 1000.0),
+                    _ => self.stats.missed += 1,
+                }
+            }
+            if let Some(cid) = f.command {
+                a.results.push(CommandResult {
+                    command_id: cid,
+                    ok: report.outcome == CheckpointOutcome::Durable,
+                    message: report.message.clone(),
+                    manifest: report.manifest.clone(),
+                    mig_layout: None,
+                });
+            }
+            if r.stop_after {
+                r.phase = ReplicaPhase::Exited;
+                r.exit_code = Some(143);
+            }
+            reports.push(report);
+        }
+        for report in reports {
+            match self.store.record_checkpoint(node, &report, now).await {
+                Ok(_) | Err(StoreError::NotFound(_) | StoreError::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn heartbeat(&mut self, node: NodeId, now: DateTime<Utc>) -> Result<Vec<Command>, StoreError> {
+        let Some(a) = self.agents.get_mut(&node) else {
+            return Ok(Vec::new());
+        };
+        let hb = Heartbeat {
+            node_id: node,
+            sent_at: now,
+            gpus: vec![],
+            replicas: a
+                .replicas
+                .iter()
+                .map(|((job, replica), r)| ReplicaStatus {
+                    job_id: *job,
+                    replica: *replica,
+                    attempt: r.attempt,
+                    phase: r.phase,
+                    exit_code: r.exit_code,
+                })
+                .collect(),
+            notice: a.notice.clone(),
+            results: std::mem::take(&mut a.results),
+        };
+        match self.store.agent_heartbeat(node, &hb, now).await {
+            Ok(cmds) => {
+                // Exited replicas are reported until the control plane no longer wants them.
+                Ok(cmds.into_iter().filter(|c| a.seen.insert(c.id)).collect())
+            }
+            Err(StoreError::Conflict(_) | StoreError::NotFound(_)) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn carry_out(&mut self, node: NodeId, c: Command, now: DateTime<Utc>) {
+        let work = match &c.kind {
+            CommandKind::Start { job_id, .. } => match self.work.get(job_id) {
+                Some(w) => Some(*w),
+                // A job submitted through the API: its spec says how much work it is.
+                None => self
+                    .store
+                    .get_job(*job_id, None)
+                    .await
+                    .ok()
+                    .and_then(|j| j.spec.work_hours),
+            },
+            _ => None,
+        };
+        let checkpoint_time = self.checkpoint_time;
+        let Some(a) = self.agents.get_mut(&node) else {
+            return;
+        };
+        let mut result = CommandResult {
+            command_id: c.id,
+            ok: true,
+            message: None,
+            manifest: None,
+            mig_layout: None,
+        };
+        match c.kind {
+            CommandKind::Start {
+                job_id,
+                replica,
+                attempt,
+                devices,
+                checkpoint_uri,
+                resume_from,
+                ..
+            } => {
+                let restored = resume_from.as_deref().and_then(read_progress);
+                if resume_from.is_some() && restored.is_none() {
+                    result.ok = false;
+                    result.message = Some("the checkpoint to resume from cannot be read".into());
+                } else {
+                    a.replicas.insert(
+                        (job_id, replica),
+                        Replica {
+                            attempt,
+                            gpus: u32::try_from(devices.len()).unwrap_or(1).max(1),
+                            phase: ReplicaPhase::Running,
+                            exit_code: None,
+                            progress_hours: restored.unwrap_or(0.0),
+                            work_hours: work.unwrap_or(1.0),
+                            uri: checkpoint_uri,
+                            checkpoint: None,
+                            stop_after: false,
+                        },
+                    );
+                }
+            }
+            CommandKind::Checkpoint {
+                job_id,
+                replica,
+                checkpoint_id,
+                deadline,
+                ..
+            } => match a.replicas.get_mut(&(job_id, replica)) {
+                Some(r) if r.phase != ReplicaPhase::Exited && r.checkpoint.is_none() => {
+                    r.checkpoint = Some(InFlight {
+                        id: checkpoint_id,
+                        trigger: CheckpointTrigger::Command,
+                        started: now,
+                        ready_at: now + checkpoint_time,
+                        deadline,
+                        command: Some(c.id),
+                        progress_hours: r.progress_hours,
+                    });
+                    r.phase = ReplicaPhase::Checkpointing;
+                    return; // answered when it is durable
+                }
+                _ => {
+                    result.ok = false;
+                    result.message = Some("no such replica running here".into());
+                }
+            },
+            CommandKind::Stop {
+                job_id,
+                replica,
+                attempt,
+                ..
+            } => {
+                if let Some(r) = a
+                    .replicas
+                    .get_mut(&(job_id, replica))
+                    .filter(|r| attempt.is_none_or(|x| x == r.attempt))
+                    && r.phase != ReplicaPhase::Exited
+                {
+                    r.phase = ReplicaPhase::Exited;
+                    r.exit_code = Some(143);
+                    r.checkpoint = None;
+                }
+            }
+            CommandKind::Drain { deadline, .. } => {
+                for r in a.replicas.values_mut() {
+                    if r.phase == ReplicaPhase::Exited {
+                        continue;
+                    }
+                    r.stop_after = true;
+                    if r.checkpoint.is_none() {
+                        r.checkpoint = Some(InFlight {
+                            id: CheckpointId::from_uuid(new_uuid(now)),
+                            trigger: CheckpointTrigger::Drain,
+                            started: now,
+                            ready_at: now + checkpoint_time,
+                            deadline,
+                            command: None,
+                            progress_hours: r.progress_hours,
+                        });
+                        r.phase = ReplicaPhase::Checkpointing;
+                    }
+                }
+            }
+            CommandKind::ApplyMigLayout { gpu_index, layout } => {
+                result.mig_layout = Some(AppliedMigLayout { gpu_index, layout });
+            }
+        }
+        a.results.push(result);
+        // Replicas the control plane stopped wanting are forgotten once reported exited.
+        a.replicas
+            .retain(|_, r| r.phase != ReplicaPhase::Exited || r.exit_code != Some(143) || r.checkpoint.is_some());
+    }
+}
+
+/// Writes a simulated checkpoint — the state file, then the manifest last — under the job's
+/// prefix in the local object store, and the report the agent sends.
+fn write_checkpoint(
+    job: JobId,
+    replica: u32,
+    attempt: u32,
+    uri: &str,
+    f: &InFlight,
+    in_time: bool,
+) -> CheckpointReport {
+    let manifest_uri = format!(
+        "{}/replica-{replica}/{}/manifest.json",
+        uri.trim_end_matches('/'),
+        f.id
+    );
+    let mut report = CheckpointReport {
+        job_id: job,
+        replica,
+        attempt,
+        checkpoint_id: f.id,
+        uri: manifest_uri.clone(),
+        trigger: f.trigger,
+        outcome: CheckpointOutcome::MissedDeadline,
+        manifest: None,
+        message: Some("the upload could not finish before the deadline".into()),
+        started_at: f.started,
+        finished_at: f.ready_at,
+    };
+    if !in_time {
+        return report;
+    }
+    let state = serde_json::to_vec(&SimState {
+        progress_hours: f.progress_hours,
+    })
+    .unwrap_or_default();
+    let manifest = CheckpointManifest {
+        job_id: job,
+        replica,
+        checkpoint_id: f.id,
+        attempt,
+        created_at: f.started,
+        files: vec![spotplane_core::agent::ManifestFile {
+            path: "state.json".into(),
+            size: state.len() as u64,
+            sha256: sha256_hex(&state),
+        }],
+        total_bytes: state.len() as u64,
+    };
+    let written = local(&manifest_uri).is_some_and(|m| {
+        let dir = m.parent().map(Path::to_path_buf).unwrap_or_default();
+        std::fs::create_dir_all(&dir).is_ok()
+            && std::fs::write(dir.join("state.json"), &state).is_ok()
+            && serde_json::to_vec(&manifest)
+                .ok()
+                .is_some_and(|b| std::fs::write(&m, b).is_ok())
+    });
+    if written {
+        report.outcome = CheckpointOutcome::Durable;
+        report.manifest = Some(manifest);
+        report.message = None;
+    } else {
+        report.outcome = CheckpointOutcome::Failed;
+        report.message = Some(format!("cannot write {manifest_uri}"));
+    }
+    report
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+/// The progress a checkpoint saved, read back through its manifest (checksum verified).
+fn read_progress(manifest_uri: &str) -> Option<f64> {
+    let m = local(manifest_uri)?;
+    let manifest: CheckpointManifest = serde_json::from_slice(&std::fs::read(&m).ok()?).ok()?;
+    let file = manifest.files.iter().find(|f| f.path == "state.json")?;
+    let data = std::fs::read(m.parent()?.join("state.json")).ok()?;
+    if sha256_hex(&data) != file.sha256 {
+        tracing::warn!(manifest = %manifest_uri, "checksum mismatch; not resuming from it");
+        return None;
+    }
+    let s: SimState = serde_json::from_slice(&data).ok()?;
+    Some(s.progress_hours)
+}
