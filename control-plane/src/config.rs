@@ -45,6 +45,15 @@ pub struct Config {
 pub struct SimSettings {
     /// The recorded traces simulated clouds replay (the repository's `../shared/data`).
     pub data_dir: PathBuf,
+    /// Simulated seconds per real second for `spotplane serve` (1: real time). Above 1 the
+    /// whole control plane runs on the accelerated clock: for trying the simulated clouds out,
+    /// never for real ones.
+    #[serde(default = "one")]
+    pub speed: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 impl SimSettings {
@@ -419,6 +428,15 @@ impl Config {
             errs.push(
                 "recovery.backoff_max",
                 "must be at least recovery.backoff_base",
+            );
+        }
+        if !(self.sim.speed >= 1.0 && self.sim.speed <= 100_000.0) {
+            errs.push("sim.speed", "must be between 1 and 100000");
+        }
+        if self.sim.speed > 1.0 && self.providers.iter().any(|p| p.kind() != "sim") {
+            errs.push(
+                "sim.speed",
+                "an accelerated clock is for simulated clouds only; remove the real providers or set 1",
             );
         }
         if self.capacity.interval < Duration::from_secs(1) {

@@ -246,12 +246,24 @@ async fn run_day(config: Config, args: DemoArgs, hours: f64) -> anyhow::Result<(
     if args.json {
         println!("{}", serde_json::to_string(&s)?);
     } else {
-        println!("spotplane demo: {hours} simulated hours on three simulated clouds ({:.0} s)", s.wall_seconds);
-        println!("  jobs          {} submitted, {} finished", s.jobs_submitted, s.jobs_finished);
-        println!("  preemptions   {} ({} recovered)", s.preemptions, s.recoveries);
+        println!(
+            "spotplane demo: {hours} simulated hours on three simulated clouds ({:.0} s)",
+            s.wall_seconds
+        );
+        println!(
+            "  jobs          {} submitted, {} finished",
+            s.jobs_submitted, s.jobs_finished
+        );
+        println!(
+            "  preemptions   {} ({} recovered)",
+            s.preemptions, s.recoveries
+        );
         println!(
             "  notice        durable after {:.0} s (median; p99 {:.0} s), running again after {:.0} s (median; p99 {:.0} s)",
-            s.notice_to_durable_s.p50, s.notice_to_durable_s.p99, s.notice_to_resumed_s.p50, s.notice_to_resumed_s.p99
+            s.notice_to_durable_s.p50,
+            s.notice_to_durable_s.p99,
+            s.notice_to_resumed_s.p50,
+            s.notice_to_resumed_s.p99
         );
         println!(
             "  work          {:.1} GPU-hours run, {:.2} lost ({:.2}%)",

@@ -68,9 +68,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve => {
             let config = Config::load(cli.config.as_deref())?;
             telemetry::init(&config.log);
+            let clock: spotplane::clock::SharedClock = if config.sim.speed > 1.0 {
+                tracing::warn!(
+                    speed = config.sim.speed,
+                    "running on an accelerated clock (sim.speed)"
+                );
+                Arc::new(spotplane::clock::ScaledClock::new(config.sim.speed))
+            } else {
+                Arc::new(SystemClock)
+            };
             let server = Server::start(
                 &config,
-                Arc::new(SystemClock),
+                clock,
                 ServeOptions {
                     bootstrap_admin_token: bootstrap_token(),
                 },

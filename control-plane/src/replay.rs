@@ -40,8 +40,8 @@ use crate::metrics::Metrics;
 use crate::planner::PlanPolicy;
 use crate::reconcile::capacity::{CapacityLoop, CapacitySettings};
 use crate::reconcile::recovery::RecoveryLoop;
-use crate::simagent::SimAgents;
 use crate::reconcile::scheduling::SchedulerLoop;
+use crate::simagent::SimAgents;
 use crate::store::{NewJob, NewTeam, Store, SubmitOutcome};
 
 /// One job of the trace.
@@ -554,9 +554,7 @@ impl JobHistory {
                                     .push((e.at - p).num_milliseconds() as f64 / 1000.0);
                             }
                         }
-                        Some(JobState::Draining | JobState::Lost)
-                            if preempted_at.is_none() =>
-                        {
+                        Some(JobState::Draining | JobState::Lost) if preempted_at.is_none() => {
                             h.preemptions += 1;
                             preempted_at = Some(e.at);
                         }

@@ -18,8 +18,8 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use spotplane_core::agent::{
     AppliedMigLayout, CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger,
-    Command, CommandKind, CommandResult, Heartbeat, NoticeSource, RegisterRequest, ReplicaPhase,
-    ReplicaStatus, TerminationNotice, PROTOCOL_VERSION,
+    Command, CommandKind, CommandResult, Heartbeat, NoticeSource, PROTOCOL_VERSION,
+    RegisterRequest, ReplicaPhase, ReplicaStatus, TerminationNotice,
 };
 use spotplane_core::{CheckpointId, Cloud, CommandId, JobId, NodeId, NodeState};
 use spotplane_providers::registry::Providers;
@@ -308,7 +308,11 @@ impl SimAgents {
         Ok(())
     }
 
-    async fn heartbeat(&mut self, node: NodeId, now: DateTime<Utc>) -> Result<Vec<Command>, StoreError> {
+    async fn heartbeat(
+        &mut self,
+        node: NodeId,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Command>, StoreError> {
         let Some(a) = self.agents.get_mut(&node) else {
             return Ok(Vec::new());
         };
@@ -464,8 +468,9 @@ impl SimAgents {
         }
         a.results.push(result);
         // Replicas the control plane stopped wanting are forgotten once reported exited.
-        a.replicas
-            .retain(|_, r| r.phase != ReplicaPhase::Exited || r.exit_code != Some(143) || r.checkpoint.is_some());
+        a.replicas.retain(|_, r| {
+            r.phase != ReplicaPhase::Exited || r.exit_code != Some(143) || r.checkpoint.is_some()
+        });
     }
 }
 

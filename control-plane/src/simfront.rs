@@ -26,7 +26,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{any, post};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
@@ -49,6 +49,11 @@ struct Front {
 pub fn router(sims: Vec<Arc<SimCloud>>) -> Router {
     Router::new()
         .route("/sim/metadata/{cloud}/{instance}/{*path}", any(serve))
+        .route(
+            "/sim/control/{cloud}/instances/{instance}/{action}",
+            post(control_instance),
+        )
+        .route("/sim/control/{cloud}/spot-outage", post(control_outage))
         .with_state(Front {
             sims: Arc::new(sims),
             tokens: Arc::default(),
@@ -62,6 +67,63 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response {
         body.into(),
     )
         .into_response()
+}
+
+/// `POST /sim/control/{cloud}/instances/{instance}/preempt` (the cloud's notice, then the end
+/// of the window) or `.../vanish` (gone at once, no notice): what a cloud does to a spot node,
+/// on demand, for tests and demos. Only simulated clouds have it.
+async fn control_instance(
+    State(front): State<Front>,
+    Path((cloud, instance, action)): Path<(String, String, String)>,
+) -> Response {
+    let Some(sim) = cloud
+        .parse::<Cloud>()
+        .ok()
+        .and_then(|c| front.sims.iter().find(|s| s.config().flavour == c))
+    else {
+        return text(StatusCode::NOT_FOUND, "no simulated cloud of this flavour");
+    };
+    let Some(inst) = sim.instance_by_name(&instance) else {
+        return text(StatusCode::NOT_FOUND, "no such instance");
+    };
+    let done = match action.as_str() {
+        "preempt" => sim.preempt_now(&inst.id),
+        "vanish" => sim.terminate_without_notice(&inst.id),
+        _ => return text(StatusCode::NOT_FOUND, "actions: preempt, vanish"),
+    };
+    if done {
+        text(StatusCode::ACCEPTED, format!("{action}: {}", inst.id))
+    } else {
+        text(
+            StatusCode::CONFLICT,
+            "the instance has a notice already or is gone",
+        )
+    }
+}
+
+/// `POST /sim/control/{cloud}/spot-outage?on=true|false`: a cloud-wide spot capacity crunch.
+async fn control_outage(
+    State(front): State<Front>,
+    Path(cloud): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(sim) = cloud
+        .parse::<Cloud>()
+        .ok()
+        .and_then(|c| front.sims.iter().find(|s| s.config().flavour == c))
+    else {
+        return text(StatusCode::NOT_FOUND, "no simulated cloud of this flavour");
+    };
+    let on = match query.get("on").map(String::as_str) {
+        Some("true") | None => true,
+        Some("false") => false,
+        Some(_) => return text(StatusCode::UNPROCESSABLE_ENTITY, "on: true or false"),
+    };
+    sim.set_spot_outage(on);
+    text(
+        StatusCode::OK,
+        format!("spot outage {}", if on { "on" } else { "off" }),
+    )
 }
 
 async fn serve(

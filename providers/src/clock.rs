@@ -53,6 +53,33 @@ impl Clock for ManualClock {
     }
 }
 
+/// The system clock sped up: from the moment it is made, `speed` simulated seconds pass per
+/// real second (for running the simulated clouds faster than life).
+#[derive(Debug, Clone)]
+pub struct ScaledClock {
+    origin: DateTime<Utc>,
+    started: std::time::Instant,
+    speed: f64,
+}
+
+impl ScaledClock {
+    pub fn new(speed: f64) -> Self {
+        ScaledClock {
+            origin: SystemClock.now(),
+            started: std::time::Instant::now(),
+            speed,
+        }
+    }
+}
+
+impl Clock for ScaledClock {
+    fn now(&self) -> DateTime<Utc> {
+        let real = self.started.elapsed().as_secs_f64();
+        let sim = Duration::microseconds((real * self.speed * 1e6) as i64);
+        (self.origin + sim).trunc_subsecs(6)
+    }
+}
+
 pub type SharedClock = Arc<dyn Clock>;
 
 #[cfg(test)]

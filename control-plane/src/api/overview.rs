@@ -65,8 +65,7 @@ pub async fn overview(
         .into_iter()
         .filter(|n| {
             !n.state.is_terminal()
-                || n
-                    .terminated_at
+                || n.terminated_at
                     .is_some_and(|t| now - t < chrono::Duration::hours(1))
         })
         .collect();

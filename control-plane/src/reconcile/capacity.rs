@@ -109,6 +109,8 @@ pub struct CapacityLoop {
     pools: PoolStats,
     unavailable: Unavailable,
     idle_since: HashMap<NodeId, DateTime<Utc>>,
+    /// Spot nodes whose notice has been counted against their pool.
+    noticed: std::collections::HashSet<NodeId>,
     last_round: Option<DateTime<Utc>>,
     budgets: BTreeMap<spotplane_core::TeamName, Budget>,
 }
@@ -131,6 +133,7 @@ impl CapacityLoop {
             pools: PoolStats::default(),
             unavailable: Unavailable::default(),
             idle_since: HashMap::new(),
+            noticed: std::collections::HashSet::new(),
             last_round: None,
             budgets: BTreeMap::new(),
         }
@@ -327,6 +330,20 @@ impl CapacityLoop {
             if self.release(node, reason, now).await? {
                 self.idle_since.remove(&node.id);
                 report.released += 1;
+            }
+        }
+        // A spot node with a notice: its pool is interrupting now; set it aside for a while
+        // (SkyPilot's EAGER_NEXT_REGION, Karpenter's unavailable offerings) so the work it
+        // held is placed elsewhere.
+        for node in &nodes {
+            if node.state == NodeState::Draining
+                && node.market == Market::Spot
+                && self.noticed.insert(node.id)
+                && let Some(o) = &node.offer_id
+            {
+                self.pools.interrupted(o);
+                self.unavailable
+                    .mark(o, now, self.settings.capacity_error_ttl);
             }
         }
         // Nodes on their way out: retired ones (their agent went silent) are given back now;
@@ -565,8 +582,10 @@ impl CapacityLoop {
                         | InstanceState::Terminating
                         | InstanceState::Stopped,
                     ) => {
-                        // Gone without being asked: the cloud took it.
+                        // Gone without being asked: the cloud took it (counted once: a node
+                        // with a notice was counted then).
                         if n.market == Market::Spot
+                            && !self.noticed.contains(&n.id)
                             && let Some(o) = &n.offer_id
                         {
                             self.pools.interrupted(o);

@@ -140,6 +140,8 @@ struct State {
     next_prune: DateTime<Utc>,
     /// Nothing happens on its own before this time; cleared by every change a call makes.
     quiet_until: Option<DateTime<Utc>>,
+    /// A spot capacity crunch switched on from outside (tests, demos): no spot anywhere.
+    spot_outage: bool,
 }
 
 /// One simulated cloud.
@@ -260,6 +262,7 @@ impl SimCloud {
                 acknowledged: Vec::new(),
                 next_prune: epoch,
                 quiet_until: None,
+                spot_outage: false,
             }),
         }
     }
@@ -521,6 +524,32 @@ impl SimCloud {
             });
         }
         true
+    }
+
+    /// Takes an instance back now without any notice, as a cloud sometimes does (tests and
+    /// demos). Returns whether it was running.
+    pub fn terminate_without_notice(&self, provider_id: &str) -> bool {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.advance(&mut st, now);
+        let Some(inst) = st.instances.get_mut(provider_id) else {
+            return false;
+        };
+        if inst.terminated_at.is_some_and(|t| t <= now) {
+            return false;
+        }
+        inst.terminated_at = Some(now);
+        inst.notice = None;
+        st.quiet_until = None;
+        true
+    }
+
+    /// Switches a cloud-wide spot capacity crunch on or off (tests and demos): while on, every
+    /// spot request fails with insufficient capacity.
+    pub fn set_spot_outage(&self, on: bool) {
+        let mut st = self.lock();
+        st.spot_outage = on;
+        st.quiet_until = None;
     }
 
     /// The instance whose id is, or ends with, `/name` (Azure ids are resource paths; the
@@ -800,7 +829,9 @@ impl CloudProvider for SimCloud {
                 message: "pool at capacity".into(),
             });
         }
-        if o.market == Market::Spot && !self.spot_available(&o.zone, &o.instance_type, now) {
+        if o.market == Market::Spot
+            && (st.spot_outage || !self.spot_available(&o.zone, &o.instance_type, now))
+        {
             return Err(ProviderError::InsufficientCapacity {
                 offer_id,
                 message: "no spot capacity in this pool now".into(),

@@ -1,0 +1,593 @@
+//! Preemption recovery with the real processes: `spotplane serve` on SQLite and on PostgreSQL
+//! with two simulated clouds on an accelerated clock (5×), a real `spotplane-agent` started for
+//! every node the control plane buys (pointed at the simulator's metadata service for its
+//! instance, as on a real machine), a local-folder object store, and the example workload.
+//!
+//! - A notice: the replica checkpoints inside the window, the job is requeued and resumes on the
+//!   other cloud (the first has a spot capacity crunch) from the saved step, and finishes with
+//!   the right final step; no work is lost.
+//! - A node that vanishes without notice: the job resumes from its last periodic checkpoint and
+//!   the lost work is recorded on the job.
+//! - The control plane SIGKILLed while a node drains, then restarted: the job still finishes.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use spotplane_tests::{Proc, bin, free_port, postgres_url, repo_root};
+
+const ADMIN: &str = "e2e-recovery-admin-token-0123456789";
+const SPEED: u32 = 5;
+
+#[derive(Clone, Copy, Debug)]
+enum Db {
+    Sqlite,
+    Postgres,
+}
+
+type Agents = Arc<Mutex<HashMap<String, Child>>>;
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    url: String,
+    port: u16,
+    config: PathBuf,
+    serve: Proc,
+    agents: Agents,
+    launcher: tokio::task::JoinHandle<()>,
+    http: reqwest::Client,
+    restarts: u32,
+}
+
+fn config(dir: &Path, port: u16, db: Db) -> String {
+    let database = match db {
+        Db::Sqlite => format!(
+            "url = \"sqlite://{}\"",
+            dir.join("spotplane.sqlite").display()
+        ),
+        Db::Postgres => format!(
+            "url = \"{}\"\nschema = \"spt_test_recovery_{}_{port}\"",
+            postgres_url(),
+            std::process::id()
+        ),
+    };
+    let data = repo_root().join("../shared/data");
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+
+[database]
+{database}
+
+[sim]
+data_dir = "{data}"
+speed = {SPEED}
+
+[scheduler]
+interval = "1s"
+
+[capacity]
+interval = "1s"
+cluster = "e2e-{port}"
+
+[recovery]
+heartbeat_timeout = "5m"
+
+[object_store]
+url = "file://{objects}"
+
+[[providers]]
+kind = "sim"
+flavour = "aws"
+regions = ["us-east-1"]
+seed = 11
+boot_seconds = [20, 40]
+
+[[providers]]
+kind = "sim"
+flavour = "gcp"
+regions = ["us-central1"]
+seed = 12
+boot_seconds = [20, 40]
+"#,
+        data = data.display(),
+        objects = dir.join("objects").display(),
+    )
+}
+
+fn serve(dir: &Path, config: &Path, n: u32) -> Proc {
+    let mut cmd = Command::new(bin("spotplane"));
+    cmd.current_dir(dir)
+        .env("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN", ADMIN)
+        .env("SPOTPLANE_LOG__LEVEL", "info")
+        .arg("--config")
+        .arg(config)
+        .arg("serve");
+    Proc::spawn(cmd, dir.join(format!("serve-{n}.log")))
+}
+
+/// Starts an agent for every node the control plane buys, as the cloud would boot one with the
+/// agent in its user data; kills it when the node is gone.
+async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
+    let http = reqwest::Client::new();
+    let mut launched: HashSet<String> = HashSet::new();
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let Ok(r) = http
+            .get(format!("{url}/v1/nodes"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+        else {
+            continue;
+        };
+        let Ok(v) = r.json::<Value>().await else {
+            continue;
+        };
+        for n in v["items"].as_array().cloned().unwrap_or_default() {
+            let id = n["id"].as_str().unwrap_or_default().to_owned();
+            let state = n["state"].as_str().unwrap_or_default();
+            if matches!(state, "terminated" | "terminating") {
+                if let Some(mut c) = agents.lock().unwrap_or_else(|p| p.into_inner()).remove(&id) {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                continue;
+            }
+            let Some(instance) = n["provider_instance_id"].as_str() else {
+                continue;
+            };
+            if launched.contains(&id) {
+                continue;
+            }
+            let Ok(r) = http
+                .post(format!("{url}/v1/nodes/{id}/bootstrap-token"))
+                .bearer_auth(ADMIN)
+                .json(&json!({}))
+                .send()
+                .await
+            else {
+                continue;
+            };
+            let Ok(t) = r.json::<Value>().await else {
+                continue;
+            };
+            let Some(token) = t["token"].as_str() else {
+                continue;
+            };
+            let work = dir.join("agents").join(&id);
+            std::fs::create_dir_all(&work).expect("agent dir");
+            let token_file = work.join("bootstrap-token");
+            std::fs::write(&token_file, token).expect("token file");
+            let cloud = n["cloud"].as_str().unwrap_or("aws").to_owned();
+            let name = instance.rsplit('/').next().unwrap_or(instance);
+            let log = std::fs::File::create(work.join("agent.log")).expect("log");
+            let child = Command::new(bin("spotplane-agent"))
+                .args(["run", "--control-plane", &url, "--cloud", &cloud])
+                .arg("--bootstrap-token-file")
+                .arg(&token_file)
+                .args([
+                    "--metadata-url",
+                    &format!("{url}/sim/metadata/{cloud}/{name}"),
+                ])
+                .arg("--work-dir")
+                .arg(&work)
+                .args(["--drain-grace", "5s"])
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::from(log.try_clone().expect("log")))
+                .stderr(Stdio::from(log))
+                .spawn()
+                .expect("agent starts");
+            launched.insert(id.clone());
+            agents
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, child);
+        }
+    }
+}
+
+impl Cluster {
+    async fn start(db: Db) -> Cluster {
+        let dir = tempfile::tempdir().expect("tmp");
+        let port = free_port();
+        let config = dir.path().join("spotplane.toml");
+        std::fs::write(&config, self::config(dir.path(), port, db)).expect("config");
+        let url = format!("http://127.0.0.1:{port}");
+        let mut serve = serve(dir.path(), &config, 0);
+        serve.wait_healthy(&format!("{url}/readyz")).await;
+        let agents: Agents = Arc::default();
+        let launcher = tokio::spawn(launch_agents(
+            url.clone(),
+            dir.path().to_owned(),
+            agents.clone(),
+        ));
+        Cluster {
+            dir,
+            url,
+            port,
+            config,
+            serve,
+            agents,
+            launcher,
+            http: reqwest::Client::new(),
+            restarts: 0,
+        }
+    }
+
+    /// SIGKILL, then a new process on the same database.
+    async fn kill_and_restart(&mut self) {
+        self.serve.stop();
+        self.restarts += 1;
+        self.serve = serve(self.dir.path(), &self.config, self.restarts);
+        self.serve
+            .wait_healthy(&format!("{}/readyz", self.url))
+            .await;
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(ADMIN);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        match req.send().await {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                (status, r.json().await.unwrap_or(Value::Null))
+            }
+            Err(e) => (0, json!({"error": e.to_string()})),
+        }
+    }
+
+    async fn job(&self, id: &str) -> Value {
+        self.call(reqwest::Method::GET, &format!("/v1/jobs/{id}"), None)
+            .await
+            .1
+    }
+
+    /// The nodes (id, cloud, instance) the job's replicas run on now.
+    async fn placement(&self, job: &str) -> Vec<(String, String, String)> {
+        let (_, o) = self.call(reqwest::Method::GET, "/v1/overview", None).await;
+        let nodes = o["nodes"].as_array().cloned().unwrap_or_default();
+        o["replicas"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r["job_id"] == job)
+            .filter_map(|r| {
+                let n = nodes.iter().find(|n| n["id"] == r["node_id"])?;
+                Some((
+                    n["id"].as_str()?.to_owned(),
+                    n["cloud"].as_str()?.to_owned(),
+                    n["provider_instance_id"]
+                        .as_str()?
+                        .rsplit('/')
+                        .next()?
+                        .to_owned(),
+                ))
+            })
+            .collect()
+    }
+
+    async fn until<T>(&self, what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if let Some(v) = f().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        panic!(
+            "{what}: not within {secs} s\n--- control plane ---\n{}\n--- agents ---\n{}",
+            tail(&self.serve.output(), 60),
+            self.agent_logs()
+        );
+    }
+
+    fn agent_logs(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(self.dir.path().join("agents"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let log = std::fs::read_to_string(e.path().join("agent.log")).unwrap_or_default();
+            out.push_str(&format!(
+                "[{}]\n{}\n",
+                e.file_name().to_string_lossy(),
+                tail(&log, 15)
+            ));
+        }
+        out
+    }
+
+    /// Submits the example workload: `steps` steps of 50 ms, a checkpoint every `interval_s`
+    /// simulated seconds.
+    async fn submit(&self, name: &str, steps: u32, interval_s: u32) -> String {
+        let (s, v) = self
+            .call(
+                reqwest::Method::POST,
+                "/v1/jobs",
+                Some(json!({
+                    "name": name, "team": "ml",
+                    "shape": {"gpus": 1},
+                    "command": [bin("spotplane-example-train")],
+                    "env": {"TRAIN_STEPS": steps.to_string(), "TRAIN_STEP_MS": "50", "TRAIN_WEIGHTS_BYTES": "65536"},
+                    "checkpoint": {"uri": format!("file://{}/objects/{name}", self.dir.path().display()), "interval_s": interval_s},
+                })),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v["id"].as_str().expect("id").to_owned()
+    }
+
+    /// The example workload's output lines of every attempt of the job, oldest attempt first.
+    fn outputs(&self, job: &str) -> Vec<(u32, String)> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(self.dir.path().join("agents"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let base = e.path().join("jobs").join(job).join("replica-0");
+            for a in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+                let name = a.file_name().to_string_lossy().into_owned();
+                if let Some(n) = name.strip_prefix("attempt-").and_then(|n| n.parse().ok()) {
+                    out.push((
+                        n,
+                        std::fs::read_to_string(a.path().join("output.log")).unwrap_or_default(),
+                    ));
+                }
+            }
+        }
+        out.sort_by_key(|(n, _)| *n);
+        out
+    }
+
+    async fn stop(self) {
+        self.launcher.abort();
+        for (_, mut c) in self
+            .agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = self.port;
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn step_of(line: &str, prefix: &str) -> Option<u64> {
+    line.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .last()
+}
+
+async fn setup(db: Db) -> Option<Cluster> {
+    for b in ["spotplane", "spotplane-agent", "spotplane-example-train"] {
+        bin(b); // built by scripts/test; says how to build it otherwise
+    }
+    let c = Cluster::start(db).await;
+    let (s, v) = c
+        .call(
+            reqwest::Method::POST,
+            "/v1/teams",
+            Some(json!({"name": "ml"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    Some(c)
+}
+
+async fn running(c: &Cluster, job: &str, attempt: u64) -> Value {
+    c.until(
+        &format!("job {job} running (attempt {attempt})"),
+        150,
+        async || {
+            let j = c.job(job).await;
+            (j["state"] == "running" && j["attempt"].as_u64() == Some(attempt)).then_some(j)
+        },
+    )
+    .await
+}
+
+async fn succeeded(c: &Cluster, job: &str) -> Value {
+    c.until(&format!("job {job} succeeded"), 180, async || {
+        let j = c.job(job).await;
+        assert_ne!(j["state"], "failed", "{j}");
+        (j["state"] == "succeeded").then_some(j)
+    })
+    .await
+}
+
+async fn a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint(db: Db) {
+    let Some(c) = setup(db).await else { return };
+    let job = c.submit("notice", 500, 3600).await;
+    running(&c, &job, 1).await;
+    // Let it make progress, then the cloud takes the node back with its notice, while a spot
+    // crunch on that cloud sends the replacement elsewhere.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let first = c.placement(&job).await;
+    let (node, cloud, instance) = first.first().cloned().expect("placed");
+    let (s, _) = c
+        .call(
+            reqwest::Method::POST,
+            &format!("/sim/control/{cloud}/spot-outage?on=true"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (s, v) = c
+        .call(
+            reqwest::Method::POST,
+            &format!("/sim/control/{cloud}/instances/{instance}/preempt"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    running(&c, &job, 2).await;
+    let now = c.placement(&job).await;
+    assert!(
+        now.iter().all(|(n, cl, _)| *n != node && *cl != cloud),
+        "resumed on another cloud: {now:?} (was {cloud})"
+    );
+    let j = succeeded(&c, &job).await;
+    assert_eq!(j["lost_gpu_seconds"], 0, "{j}");
+    let (_, events) = c
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/jobs/{job}/events"),
+            None,
+        )
+        .await;
+    let kinds: Vec<&str> = events["items"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e["type"].as_str()).collect())
+        .unwrap_or_default();
+    for k in [
+        "job.draining",
+        "job.checkpointed",
+        "job.queued",
+        "job.succeeded",
+    ] {
+        assert!(kinds.contains(&k), "{k} in {kinds:?}");
+    }
+    let outputs = c.outputs(&job);
+    let last = &outputs.last().expect("an attempt ran").1;
+    let resumed = step_of(last, "resumed step=").expect("the last attempt resumed");
+    let saved = step_of(&outputs[0].1, "checkpoint step=").expect("the first saved");
+    assert_eq!(resumed, saved, "resumed from what was saved on the notice");
+    assert!(resumed > 0);
+    assert_eq!(step_of(last, "done step="), Some(500), "{last}");
+    c.stop().await;
+}
+
+async fn a_node_lost_without_notice_resumes_from_the_periodic_checkpoint(db: Db) {
+    let Some(c) = setup(db).await else { return };
+    // A checkpoint every 30 simulated seconds (6 s here).
+    let job = c.submit("vanish", 600, 30).await;
+    running(&c, &job, 1).await;
+    c.until("a periodic checkpoint", 60, async || {
+        let (_, v) = c
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/jobs/{job}/checkpoints"),
+                None,
+            )
+            .await;
+        v["items"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["state"] == "complete").cloned())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (node, cloud, instance) = c.placement(&job).await.first().cloned().expect("placed");
+    let (s, v) = c
+        .call(
+            reqwest::Method::POST,
+            &format!("/sim/control/{cloud}/instances/{instance}/vanish"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    // The machine is gone: its agent and workload with it.
+    if let Some(mut a) = c
+        .agents
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&node)
+    {
+        let _ = a.kill();
+        let _ = a.wait();
+    }
+    let j = running(&c, &job, 2).await;
+    assert!(
+        j["lost_gpu_seconds"].as_i64().unwrap_or(0) > 0,
+        "lost work recorded: {j}"
+    );
+    let j = succeeded(&c, &job).await;
+    let outputs = c.outputs(&job);
+    let last = &outputs.last().expect("an attempt ran").1;
+    let resumed = step_of(last, "resumed step=").expect("resumed from the periodic checkpoint");
+    assert!(resumed > 0, "{last}");
+    assert_eq!(step_of(last, "done step="), Some(600), "{last}: {j}");
+    c.stop().await;
+}
+
+async fn the_control_plane_killed_during_a_drain_still_finishes_the_job(db: Db) {
+    let Some(mut c) = setup(db).await else { return };
+    let job = c.submit("sigkill", 400, 3600).await;
+    running(&c, &job, 1).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, cloud, instance) = c.placement(&job).await.first().cloned().expect("placed");
+    let (s, _) = c
+        .call(
+            reqwest::Method::POST,
+            &format!("/sim/control/{cloud}/instances/{instance}/preempt"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 202);
+    c.until("the node drains", 60, async || {
+        (c.job(&job).await["state"] == "draining").then_some(())
+    })
+    .await;
+    c.kill_and_restart().await;
+    // (The simulated clouds live in the control plane's process: they restart empty, so the
+    // old instances are gone for them too, and the work must come back from the checkpoint.)
+    let j = succeeded(&c, &job).await;
+    let outputs = c.outputs(&job);
+    let last = &outputs.last().expect("an attempt ran").1;
+    assert_eq!(step_of(last, "done step="), Some(400), "{last}: {j}");
+    // Nothing leaked: every node the control plane knows is terminated or still serving.
+    let (_, nodes) = c.call(reqwest::Method::GET, "/v1/nodes", None).await;
+    for n in nodes["items"].as_array().cloned().unwrap_or_default() {
+        assert!(
+            matches!(
+                n["state"].as_str(),
+                Some("terminated" | "ready" | "booting" | "terminating")
+            ),
+            "{n}"
+        );
+    }
+    c.stop().await;
+}
+
+macro_rules! on_both_databases {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name(super::Db::Sqlite).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$name(super::Db::Postgres).await
+                }
+            }
+        )*
+    };
+}
+
+on_both_databases!(
+    a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint,
+    a_node_lost_without_notice_resumes_from_the_periodic_checkpoint,
+    the_control_plane_killed_during_a_drain_still_finishes_the_job,
+);
