@@ -195,7 +195,7 @@ impl LedgerLoop {
                 _ = tick.tick() => {}
             }
             if leader.is_none() {
-                match self.store.try_lead().await {
+                match self.store.try_lead("ledger").await {
                     Ok(Some(l)) => leader = Some(l),
                     Ok(None) => continue,
                     Err(e) => {

@@ -160,7 +160,7 @@ impl SchedulerLoop {
                 _ = tick.tick() => {}
             }
             if leader.is_none() {
-                match self.store.try_lead().await {
+                match self.store.try_lead("scheduling").await {
                     Ok(Some(l)) => {
                         tracing::info!("leading: running the scheduling loop");
                         leader = Some(l);

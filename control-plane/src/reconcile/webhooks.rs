@@ -133,7 +133,7 @@ impl WebhookLoop {
                 _ = tick.tick() => {}
             }
             if leader.is_none() {
-                match self.store.try_lead().await {
+                match self.store.try_lead("webhooks").await {
                     Ok(Some(l)) => leader = Some(l),
                     Ok(None) => continue,
                     Err(e) => {

@@ -9,8 +9,10 @@ use sea_orm::sqlx::{PgConnection, Row};
 
 use super::{Store, StoreError};
 
-/// The advisory lock key of the reconcilers' leader ("spotplane" in a 64-bit integer).
-const LEADER_LOCK: i64 = 0x73_70_6f_74_70_6c_61_6e;
+/// The advisory lock of a loop's leader: one per loop (the scheduling, webhook and ledger loops
+/// each need one runner, not the same one) and per schema (control planes on different schemas
+/// of one database are different clusters, and advisory locks are database-wide).
+const LEADER_LOCK: &str = "SELECT pg_try_advisory_lock(hashtextextended('spotplane leader ' || $1 || ' ' || current_schema(), 0))";
 
 /// Held while this replica leads; dropping it gives leadership up.
 pub struct Leadership {
@@ -40,8 +42,8 @@ impl Leadership {
 }
 
 impl Store {
-    /// Tries to become the leader; `None` when another replica leads.
-    pub async fn try_lead(&self) -> Result<Option<Leadership>, StoreError> {
+    /// Tries to become the leader of the loop `role`; `None` when another replica leads it.
+    pub async fn try_lead(&self, role: &str) -> Result<Option<Leadership>, StoreError> {
         if !self.is_postgres() {
             return Ok(Some(Leadership { conn: None }));
         }
@@ -50,8 +52,8 @@ impl Store {
             .acquire()
             .await
             .map_err(|e| StoreError::Connect(e.to_string()))?;
-        let row = sea_orm::sqlx::query("SELECT pg_try_advisory_lock($1)")
-            .bind(LEADER_LOCK)
+        let row = sea_orm::sqlx::query(LEADER_LOCK)
+            .bind(role)
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| StoreError::Connect(e.to_string()))?;
