@@ -110,7 +110,8 @@ pub async fn run(
         PlanPolicy::ExpectedCost,
         &data_dir.join("objects"),
     )
-    .await?;
+    .await?
+    .with_mixed_shapes();
     if let Some(t) = resume_at {
         world.resume_at(t);
     }
@@ -221,7 +222,8 @@ async fn run_day(config: Config, args: DemoArgs, hours: f64) -> anyhow::Result<(
         PlanPolicy::ExpectedCost,
         &dir.join("objects"),
     )
-    .await?;
+    .await?
+    .with_mixed_shapes();
     while !world.done() {
         world.step().await?;
     }

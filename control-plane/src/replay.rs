@@ -213,6 +213,9 @@ pub struct World {
     start: DateTime<Utc>,
     step: Duration,
     end: DateTime<Utc>,
+    /// Give some one-GPU jobs a MIG slice or a GPU share instead (the demo shows every way to
+    /// use a GPU; the replays keep Philly's whole GPUs).
+    mixed_shapes: bool,
 }
 
 impl World {
@@ -309,7 +312,14 @@ impl World {
             start: spec.start,
             step: spec.step,
             end: spec.start + Duration::seconds(horizon as i64),
+            mixed_shapes: false,
         })
+    }
+
+    /// One one-GPU job in three asks for a `3g.40gb` MIG slice, one in three for half a GPU.
+    pub fn with_mixed_shapes(mut self) -> Self {
+        self.mixed_shapes = true;
+        self
     }
 
     pub fn now(&self) -> DateTime<Utc> {
@@ -364,12 +374,23 @@ impl World {
         } else {
             (a.gpus.div_ceil(8), 8)
         };
-        let mut js = JobSpec::new(
-            format!("philly-{}", self.next),
-            GpuShape::Whole {
+        let gpu_shape = match (self.mixed_shapes, shape, self.next % 3) {
+            (true, (1, 1), 1) => GpuShape::Mig {
+                profile: "3g.40gb".parse().map_err(|e| anyhow::anyhow!("{e}"))?,
+                models: vec![],
+            },
+            (true, (1, 1), 2) => GpuShape::Shared {
+                gpu_milli: 500,
+                models: vec![],
+            },
+            _ => GpuShape::Whole {
                 gpus: shape.1,
                 models: vec![],
             },
+        };
+        let mut js = JobSpec::new(
+            format!("philly-{}", self.next),
+            gpu_shape,
             vec!["train".into()],
         );
         js.replicas = shape.0;

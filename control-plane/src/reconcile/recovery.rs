@@ -17,6 +17,7 @@ use crate::store::{Store, StoreError};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
     pub notices: usize,
+    pub relayouts: usize,
     pub started: usize,
     pub transitions: usize,
     pub checkpoints: usize,
@@ -104,6 +105,7 @@ impl RecoveryLoop {
     pub async fn run_once(&mut self) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
         self.hear_providers(&mut report).await?;
+        report.relayouts = self.store.send_relayouts(self.clock.now()).await?;
         let snap = self
             .store
             .recovery_snapshot(self.settings.default_retry_limit)

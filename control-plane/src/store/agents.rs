@@ -654,7 +654,11 @@ async fn apply_result_in<C: ConnectionTrait>(
                     gpu::Column::MigLayout,
                     Expr::value(to_json(&applied.layout)?),
                 )
-                .col_expr(gpu::Column::MigEnabled, Expr::value(true))
+                // An empty layout was MIG turned off.
+                .col_expr(
+                    gpu::Column::MigEnabled,
+                    Expr::value(!applied.layout.is_empty()),
+                )
                 .col_expr(
                     gpu::Column::DesiredMigLayout,
                     Expr::value(Option::<Value>::None),

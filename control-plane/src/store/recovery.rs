@@ -9,11 +9,11 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect, TransactionTra
 use serde_json::json;
 use spotplane_core::agent::{CommandKind, GpuInfo, ReplicaPhase, ReplicaStatus, TerminationNotice};
 use spotplane_core::job::JobSpec;
-use spotplane_core::mig::MigInstance;
+use spotplane_core::mig::{MigInstance, MigLayout};
 use spotplane_core::{CheckpointId, JobId, JobState, NodeId, NodeState};
 
 use super::agents::{CHECKPOINT_COMPLETE, PHASE_START_FAILED};
-use super::entity::{agent_command, allocation, checkpoint, job, node, node_agent};
+use super::entity::{agent_command, allocation, checkpoint, gpu, job, node, node_agent};
 use super::jobs::job_event_in;
 use super::{Store, StoreError, from_json, parse_col};
 use crate::recovery::{
@@ -493,6 +493,59 @@ impl Store {
             Some(reason.to_owned()),
             now,
         )
+        .await
+    }
+
+    /// Orders the agents the MIG re-layouts the scheduler asked for: every GPU of a live node
+    /// with a desired layout and no `apply_mig_layout` command for it still unanswered gets one
+    /// (an empty layout turns MIG off). Returns how many were sent.
+    pub async fn send_relayouts(&self, now: DateTime<Utc>) -> Result<usize, StoreError> {
+        self.measured("send_relayouts", || async {
+            let wanted = gpu::Entity::find()
+                .filter(gpu::Column::DesiredMigLayout.is_not_null())
+                .all(&self.read)
+                .await?;
+            if wanted.is_empty() {
+                return Ok(0);
+            }
+            let txn = self.write.begin().await?;
+            let mut sent = 0;
+            for g in wanted {
+                let Some(desired) = g.desired_mig_layout.clone() else {
+                    continue;
+                };
+                let layout: Option<MigLayout> = from_json("gpus", &g.id, desired)?;
+                let gpu_index = u32::try_from(g.idx).unwrap_or(0);
+                let pending = agent_command::Entity::find()
+                    .filter(agent_command::Column::NodeId.eq(g.node_id.clone()))
+                    .filter(agent_command::Column::Kind.eq("apply_mig_layout"))
+                    .filter(agent_command::Column::CompletedAt.is_null())
+                    .all(&txn)
+                    .await?
+                    .into_iter()
+                    .any(|c| {
+                        serde_json::from_value::<CommandKind>(c.body).is_ok_and(|k| {
+                            matches!(k, CommandKind::ApplyMigLayout { gpu_index: i, .. } if i == gpu_index)
+                        })
+                    });
+                if pending {
+                    continue;
+                }
+                let node_id: NodeId = parse_col("gpus", &g.id, &g.node_id)?;
+                let kind = CommandKind::ApplyMigLayout {
+                    gpu_index,
+                    layout: layout.unwrap_or_default(),
+                };
+                match super::agents::enqueue_command_in(&txn, node_id, kind, now).await {
+                    Ok(_) => sent += 1,
+                    // A node gone meanwhile: its GPUs no longer matter.
+                    Err(StoreError::Conflict(_) | StoreError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            txn.commit().await?;
+            Ok(sent)
+        })
         .await
     }
 

@@ -1,0 +1,180 @@
+//! The demo's live page in headless Chromium (Debian's `chromium`, which scripts/test
+//! installs): `spotplane demo` runs its simulated world; the page, given the admin token in its
+//! address, renders nodes by cloud and market, a slice diagram per GPU, jobs and events; a
+//! screenshot shows the slice diagram's colours.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use spotplane_tests::{Proc, bin, free_port};
+
+fn chromium() -> Option<PathBuf> {
+    for name in ["chromium", "chromium-browser", "google-chrome"] {
+        if let Ok(out) = Command::new("which").arg(name).output()
+            && out.status.success()
+        {
+            let p = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            if !p.is_empty() {
+                return Some(PathBuf::from(p));
+            }
+        }
+    }
+    if std::env::var_os("SPOTPLANE_TEST_REQUIRE_EMULATORS").is_some() {
+        panic!("chromium is not installed (scripts/test installs Debian's chromium)");
+    }
+    eprintln!("skipped: chromium is not installed");
+    None
+}
+
+fn headless(browser: &Path, profile: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            "--virtual-time-budget=6000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .expect("chromium runs")
+}
+
+/// Pixels of the screenshot close to `rgb`.
+fn count_colour(png_path: &Path, rgb: [u8; 3]) -> usize {
+    let decoder = png::Decoder::new(std::io::BufReader::new(
+        std::fs::File::open(png_path).expect("screenshot"),
+    ));
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut buf = vec![0; reader.output_buffer_size().expect("size")];
+    let info = reader.next_frame(&mut buf).expect("a frame");
+    let channels = info.color_type.samples();
+    buf[..info.buffer_size()]
+        .chunks(channels)
+        .filter(|p| {
+            p.len() >= 3
+                && p[..3]
+                    .iter()
+                    .zip(rgb)
+                    .all(|(a, b)| (i16::from(*a) - i16::from(b)).abs() <= 6)
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_draws_nodes_slices_and_jobs_in_headless_chromium() {
+    let Some(browser) = chromium() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut cmd = Command::new(bin("spotplane"));
+    cmd.current_dir(dir.path())
+        .env_remove("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN")
+        .env("SPOTPLANE_LOG__LEVEL", "warn")
+        .args([
+            "demo",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--speed",
+            "3600",
+        ]);
+    let mut demo = Proc::spawn(cmd, dir.path().join("demo.log"));
+    demo.wait_healthy(&format!("{url}/healthz")).await;
+    let token = std::fs::read_to_string(dir.path().join("data/demo/admin-token"))
+        .expect("admin token")
+        .trim()
+        .to_owned();
+    // Wait for the world to have running jobs on nodes.
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let o: Value = http
+            .get(format!("{url}/v1/overview"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .expect("overview")
+            .json()
+            .await
+            .expect("json");
+        if o["replicas"].as_array().is_some_and(|r| r.len() >= 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no replicas placed in 120 s: {o}\n{}",
+            demo.output()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Without a token the page asks for one and shows nothing.
+    let page = format!("{url}/");
+    let out = headless(
+        &browser,
+        &dir.path().join("profile-a"),
+        &["--dump-dom", &page],
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(dom.contains("Paste an admin or finance token"), "{dom}");
+    assert!(
+        !dom.contains("data-rendered=\"true\""),
+        "nothing rendered without a token"
+    );
+
+    // With it: the whole picture.
+    let page = format!("{url}/#token={token}");
+    let out = headless(
+        &browser,
+        &dir.path().join("profile-b"),
+        &["--dump-dom", &page],
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("data-rendered=\"true\""),
+        "rendered: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        &dom[..dom.len().min(3000)]
+    );
+    assert!(
+        dom.matches("class=\"gpu\"").count() >= 2,
+        "a slice diagram per GPU"
+    );
+    assert!(dom.contains("class=\"node spot"), "nodes by market");
+    assert!(
+        dom.contains("class=\"whole\"")
+            || dom.contains("mig-slice")
+            || dom.contains("class=\"share\"")
+    );
+    assert!(dom.contains("state-running"), "running jobs listed");
+
+    let shot = dir.path().join("page.png");
+    let out = headless(
+        &browser,
+        &dir.path().join("profile-c"),
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1400,1000",
+            &page,
+        ],
+    );
+    assert!(
+        shot.exists(),
+        "screenshot written: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The whole-GPU colour of the slice diagram (#39c5cf) is on screen, in bars.
+    let whole = count_colour(&shot, [0x39, 0xc5, 0xcf]);
+    assert!(whole >= 200, "slice diagram pixels: {whole}");
+    if let Some(keep) = std::env::var_os("SPOTPLANE_KEEP_SCREENSHOT") {
+        let _ = std::fs::copy(&shot, keep);
+    }
+    assert!(
+        demo.terminate(),
+        "the demo exits on SIGTERM:\n{}",
+        demo.output()
+    );
+}
