@@ -300,7 +300,7 @@ async fn run_world(
             tracing::warn!(error = %e, "demo step failed; going on");
         }
         steps += 1;
-        if steps % 20 == 0 {
+        if steps.is_multiple_of(20) {
             let _ = std::fs::write(&clock_file, world.now().to_rfc3339());
         }
         let due = started + per_step * u32::try_from(steps).unwrap_or(u32::MAX);

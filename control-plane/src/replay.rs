@@ -443,7 +443,7 @@ impl World {
         let end_now = self.clock.now();
         let nodes = store.list_nodes(&NodeState::ALL).await?;
         let spend = crate::finance::held::held_spend(&nodes, end_now);
-        let history = JobHistory::read(&store, runs.keys().copied()).await?;
+        let history = JobHistory::read(store, runs.keys().copied()).await?;
         let misses = runs
             .iter()
             .filter(|(id, r)| {

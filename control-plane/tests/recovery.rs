@@ -34,13 +34,15 @@ use spotplane_providers::clock::{Clock, ManualClock};
 
 on_both_databases!(a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes);
 
+/// What an agent runs: (job, replica) -> (attempt, phase, exit code).
+type Replicas = BTreeMap<(JobId, u32), (u32, ReplicaPhase, Option<i32>)>;
+
 struct World {
     store: Store,
     clock: ManualClock,
     sched: SchedulerLoop,
     recovery: RecoveryLoop,
-    /// What each agent runs: (job, replica) -> (attempt, phase, exit code).
-    agents: BTreeMap<NodeId, BTreeMap<(JobId, u32), (u32, ReplicaPhase, Option<i32>)>>,
+    agents: BTreeMap<NodeId, Replicas>,
     notices: BTreeMap<NodeId, TerminationNotice>,
 }
 

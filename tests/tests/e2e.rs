@@ -90,7 +90,7 @@ async fn the_readme_tour_works_verbatim() {
         p.output()
     );
     for expected in [
-        "\"state\": \"queued\"",
+        "\"name\": \"llama-ft\"",
         "\"state\": \"cancelled\"",
         "job.queued",
         "job.cancelled",

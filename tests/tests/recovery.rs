@@ -374,9 +374,9 @@ fn tail(s: &str, n: usize) -> String {
 
 fn step_of(line: &str, prefix: &str) -> Option<u64> {
     line.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix(prefix))
-        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
-        .last()
+        .find_map(|r| r.split_whitespace().next()?.parse().ok())
 }
 
 async fn setup(db: Db) -> Option<Cluster> {

@@ -141,7 +141,8 @@ fn the_job_lifecycle_follows_what_the_agents_report() {
     // (state, phases/exit codes of the two replicas, the transition or outcome expected)
     let running = Some(ReplicaPhase::Running);
     let exited = Some(ReplicaPhase::Exited);
-    let table: Vec<(JobState, [(Option<ReplicaPhase>, Option<i32>); 2], &str)> = vec![
+    type Reported = (Option<ReplicaPhase>, Option<i32>);
+    let table: Vec<(JobState, [Reported; 2], &str)> = vec![
         (
             JobState::Starting,
             [(running, None), (None, None)],
