@@ -102,6 +102,32 @@ pub async fn run(
         },
     )
     .await?;
+    // Listen for Ctrl-C and SIGTERM from now on (setting the world up takes a moment).
+    let cancel = server.cancellation();
+    let on_signal = cancel.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        on_signal.cancel();
+    });
+    let url = server.url();
+    println!("spotplane demo is running");
+    println!("  live page    {url}/#token={token}");
+    println!("  API          {url}   (OpenAPI: {url}/v1/openapi.json)");
+    println!("  admin token  {token}");
+    println!("               (kept in {})", token_path.display());
+    println!(
+        "  database     {}",
+        data_dir.join("spotplane.sqlite").display()
+    );
+    println!("  objects      {}", data_dir.join("objects").display());
+    println!(
+        "  world        three simulated clouds, Philly jobs for three teams, at {}×",
+        args.speed
+    );
+    println!();
+    println!("  try:  curl -s -H \"Authorization: Bearer {token}\" {url}/v1/teams");
+    println!("  stop: Ctrl-C");
+    std::io::stdout().flush().ok();
     let mut world = World::new(
         server.state.store().clone(),
         clock.clone(),
@@ -115,38 +141,7 @@ pub async fn run(
     if let Some(t) = resume_at {
         world.resume_at(t);
     }
-    let url = server.url();
-    println!("spotplane demo is running");
-    println!("  live page    {url}/#token={token}");
-    println!("  API          {url}   (OpenAPI: {url}/v1/openapi.json)");
-    println!("  admin token  {token}");
-    println!("               (kept in {})", token_path.display());
-    println!(
-        "  database     {}",
-        data_dir.join("spotplane.sqlite").display()
-    );
-    println!("  objects      {}", data_dir.join("objects").display());
-    println!(
-        "  world        three simulated clouds, Philly jobs for three teams, from {} at {}× ",
-        clock.now().format("%Y-%m-%d %H:%M"),
-        args.speed
-    );
-    println!();
-    println!("  try:  curl -s -H \"Authorization: Bearer {token}\" {url}/v1/teams");
-    println!("  stop: Ctrl-C");
-    std::io::stdout().flush().ok();
-    let cancel = server.cancellation();
-    tokio::spawn(run_world(
-        world,
-        spec.step,
-        args.speed,
-        clock_file,
-        cancel.clone(),
-    ));
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        cancel.cancel();
-    });
+    tokio::spawn(run_world(world, spec.step, args.speed, clock_file, cancel));
     server.wait().await
 }
 

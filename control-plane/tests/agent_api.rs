@@ -627,11 +627,12 @@ async fn job_on(srv: &TestServer, node: NodeId) -> JobId {
 fn report(job: Value, checkpoint: &str, outcome: &str, sha: &str) -> Value {
     let durable = outcome == "durable";
     let at = chrono::Utc::now();
-    json!({"job_id": job, "replica": 0, "attempt": 0, "checkpoint_id": checkpoint,
+    // The first admission is attempt 1.
+    json!({"job_id": job, "replica": 0, "attempt": 1, "checkpoint_id": checkpoint,
         "uri": format!("s3://ckpt/jobs/{}/replica-0/{checkpoint}/manifest.json", job.as_str().unwrap_or_default()),
         "trigger": "notice", "outcome": outcome, "started_at": at, "finished_at": at,
         "message": if durable { Value::Null } else { json!("upload of 10 GiB could not finish before the deadline") },
-        "manifest": if durable { json!({"job_id": job, "replica": 0, "checkpoint_id": checkpoint, "attempt": 0,
+        "manifest": if durable { json!({"job_id": job, "replica": 0, "checkpoint_id": checkpoint, "attempt": 1,
             "created_at": at, "total_bytes": 15,
             "files": [{"path": "state/step.json", "size": 15, "sha256": sha}]}) } else { Value::Null }})
 }

@@ -145,6 +145,7 @@ async fn every_role_gets_exactly_its_rights_on_every_endpoint(backend: Backend) 
         (Method::GET, "/v1/jobs/{job}/events", None, [ok, ok, no, no]),
         (Method::GET, "/v1/nodes", None, [ok, no, ok, no]),
         (Method::GET, "/v1/offers", None, [ok, no, ok, no]),
+        (Method::GET, "/v1/overview", None, [ok, no, ok, no]),
         (
             Method::POST,
             "/v1/webhooks",
@@ -433,6 +434,7 @@ async fn the_openapi_document_describes_every_route() {
         ("/v1/jobs/{id}/events", vec!["get"]),
         ("/v1/nodes", vec!["get"]),
         ("/v1/offers", vec!["get"]),
+        ("/v1/overview", vec!["get"]),
         ("/v1/webhooks", vec!["post", "get"]),
         ("/v1/webhooks/{id}", vec!["get", "patch", "delete"]),
         ("/v1/webhooks/{id}/rotate-secret", vec!["post"]),
