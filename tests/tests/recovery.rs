@@ -9,6 +9,8 @@
 //! - A node that vanishes without notice: the job resumes from its last periodic checkpoint and
 //!   the lost work is recorded on the job.
 //! - The control plane SIGKILLed while a node drains, then restarted: the job still finishes.
+//! - A four-replica gang on four nodes loses one: the whole gang restarts, every replica from
+//!   its checkpoint of the same round, and every replica finishes at the right step.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -42,7 +44,13 @@ struct Cluster {
     restarts: u32,
 }
 
-fn config(dir: &Path, port: u16, db: Db) -> String {
+/// The clouds sell only one-GPU machines when `one_gpu_nodes` (a gang then spans nodes).
+fn config(dir: &Path, port: u16, db: Db, one_gpu_nodes: bool) -> String {
+    let (aws_types, gcp_types) = if one_gpu_nodes {
+        (r#"["g4dn.xlarge"]"#, r#"["g2-standard-4"]"#)
+    } else {
+        ("[]", "[]")
+    };
     let database = match db {
         Db::Sqlite => format!(
             "url = \"sqlite://{}\"",
@@ -84,6 +92,7 @@ url = "file://{objects}"
 kind = "sim"
 flavour = "aws"
 regions = ["us-east-1"]
+instance_types = {aws_types}
 seed = 11
 boot_seconds = [20, 40]
 
@@ -91,6 +100,7 @@ boot_seconds = [20, 40]
 kind = "sim"
 flavour = "gcp"
 regions = ["us-central1"]
+instance_types = {gcp_types}
 seed = 12
 boot_seconds = [20, 40]
 "#,
@@ -192,11 +202,11 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
 }
 
 impl Cluster {
-    async fn start(db: Db) -> Cluster {
+    async fn start(db: Db, one_gpu_nodes: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("tmp");
         let port = free_port();
         let config = dir.path().join("spotplane.toml");
-        std::fs::write(&config, self::config(dir.path(), port, db)).expect("config");
+        std::fs::write(&config, self::config(dir.path(), port, db, one_gpu_nodes)).expect("config");
         let url = format!("http://127.0.0.1:{port}");
         let mut serve = serve(dir.path(), &config, 0);
         serve.wait_healthy(&format!("{url}/readyz")).await;
@@ -312,12 +322,16 @@ impl Cluster {
     /// Submits the example workload: `steps` steps of 50 ms, a checkpoint every `interval_s`
     /// simulated seconds.
     async fn submit(&self, name: &str, steps: u32, interval_s: u32) -> String {
+        self.submit_gang(name, 1, steps, interval_s).await
+    }
+
+    async fn submit_gang(&self, name: &str, replicas: u32, steps: u32, interval_s: u32) -> String {
         let (s, v) = self
             .call(
                 reqwest::Method::POST,
                 "/v1/jobs",
                 Some(json!({
-                    "name": name, "team": "ml",
+                    "name": name, "team": "ml", "replicas": replicas,
                     "shape": {"gpus": 1},
                     "command": [bin("spotplane-example-train")],
                     "env": {"TRAIN_STEPS": steps.to_string(), "TRAIN_STEP_MS": "50", "TRAIN_WEIGHTS_BYTES": "65536"},
@@ -331,13 +345,21 @@ impl Cluster {
 
     /// The example workload's output lines of every attempt of the job, oldest attempt first.
     fn outputs(&self, job: &str) -> Vec<(u32, String)> {
+        self.replica_outputs(job, 0)
+    }
+
+    fn replica_outputs(&self, job: &str, replica: u32) -> Vec<(u32, String)> {
         let mut out = Vec::new();
         for e in std::fs::read_dir(self.dir.path().join("agents"))
             .into_iter()
             .flatten()
             .flatten()
         {
-            let base = e.path().join("jobs").join(job).join("replica-0");
+            let base = e
+                .path()
+                .join("jobs")
+                .join(job)
+                .join(format!("replica-{replica}"));
             for a in std::fs::read_dir(&base).into_iter().flatten().flatten() {
                 let name = a.file_name().to_string_lossy().into_owned();
                 if let Some(n) = name.strip_prefix("attempt-").and_then(|n| n.parse().ok()) {
@@ -380,10 +402,14 @@ fn step_of(line: &str, prefix: &str) -> Option<u64> {
 }
 
 async fn setup(db: Db) -> Option<Cluster> {
+    setup_with(db, false).await
+}
+
+async fn setup_with(db: Db, one_gpu_nodes: bool) -> Option<Cluster> {
     for b in ["spotplane", "spotplane-agent", "spotplane-example-train"] {
         bin(b); // built by scripts/test; says how to build it otherwise
     }
-    let c = Cluster::start(db).await;
+    let c = Cluster::start(db, one_gpu_nodes).await;
     let (s, v) = c
         .call(
             reqwest::Method::POST,
@@ -569,6 +595,79 @@ async fn the_control_plane_killed_during_a_drain_still_finishes_the_job(db: Db) 
     c.stop().await;
 }
 
+async fn a_four_replica_gang_losing_one_node_restarts_whole_from_one_round(db: Db) {
+    let Some(c) = setup_with(db, true).await else {
+        return;
+    };
+    // Four replicas on four one-GPU nodes, a checkpoint round every 30 simulated seconds.
+    let job = c.submit_gang("gang", 4, 500, 30).await;
+    running(&c, &job, 1).await;
+    let nodes = c.placement(&job).await;
+    let distinct: HashSet<&String> = nodes.iter().map(|(n, _, _)| n).collect();
+    assert_eq!(distinct.len(), 4, "one replica per node: {nodes:?}");
+    c.until("a complete checkpoint round", 90, async || {
+        let (_, v) = c
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/jobs/{job}/checkpoints"),
+                None,
+            )
+            .await;
+        let replicas: HashSet<u64> = v["items"]
+            .as_array()?
+            .iter()
+            .filter(|c| c["state"] == "complete")
+            .filter_map(|c| c["replica"].as_u64())
+            .collect();
+        (replicas.len() == 4).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // One node vanishes; its machine (agent and workload) with it.
+    let (node, cloud, instance) = nodes[0].clone();
+    let (s, v) = c
+        .call(
+            reqwest::Method::POST,
+            &format!("/sim/control/{cloud}/instances/{instance}/vanish"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    if let Some(mut a) = c
+        .agents
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&node)
+    {
+        let _ = a.kill();
+        let _ = a.wait();
+    }
+    let j = running(&c, &job, 2).await;
+    assert!(j["lost_gpu_seconds"].as_i64().unwrap_or(0) > 0, "{j}");
+    // The whole gang restarted, every replica from its checkpoint of the same round.
+    let resume = &j["resume_from"];
+    assert_eq!(resume.as_object().map(|m| m.len()), Some(4), "{j}");
+    let times: Vec<&str> = (0..4)
+        .filter_map(|r| resume[r.to_string()]["completed_at"].as_str())
+        .collect();
+    assert_eq!(times.len(), 4, "{resume}");
+    succeeded(&c, &job).await;
+    for r in 0..4 {
+        let outputs = c.replica_outputs(&job, r);
+        let last = &outputs.last().expect("ran").1;
+        assert!(
+            step_of(last, "resumed step=").is_some_and(|s| s > 0),
+            "replica {r}: {last}"
+        );
+        assert_eq!(
+            step_of(last, "done step="),
+            Some(500),
+            "replica {r}: {last}"
+        );
+    }
+    c.stop().await;
+}
+
 macro_rules! on_both_databases {
     ($($name:ident),* $(,)?) => {
         $(
@@ -590,4 +689,5 @@ on_both_databases!(
     a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint,
     a_node_lost_without_notice_resumes_from_the_periodic_checkpoint,
     the_control_plane_killed_during_a_drain_still_finishes_the_job,
+    a_four_replica_gang_losing_one_node_restarts_whole_from_one_round,
 );

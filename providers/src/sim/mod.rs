@@ -43,6 +43,9 @@ pub struct SimConfig {
     /// Regions offered; all of the catalog's when empty.
     #[serde(default)]
     pub regions: Vec<String>,
+    /// Instance types sold; all of the catalog's when empty.
+    #[serde(default)]
+    pub instance_types: Vec<String>,
     /// Seed of everything random (trace offsets, boot delays, errors).
     #[serde(default)]
     pub seed: u64,
@@ -73,6 +76,7 @@ impl SimConfig {
         SimConfig {
             flavour,
             regions: Vec::new(),
+            instance_types: Vec::new(),
             seed,
             boot_seconds: default_boot(),
             pool_capacity: default_capacity(),
@@ -199,6 +203,10 @@ impl SimCloud {
         let catalog: Vec<CatalogRow> = catalog
             .into_iter()
             .filter(|r| cfg.regions.is_empty() || cfg.regions.iter().any(|g| **g == *r.region))
+            .filter(|r| {
+                cfg.instance_types.is_empty()
+                    || cfg.instance_types.iter().any(|t| **t == *r.instance_type)
+            })
             .collect();
         let epoch = clock.now();
         let rng = StdRng::seed_from_u64(cfg.seed ^ cfg.flavour as u64);
