@@ -224,6 +224,10 @@ pub struct CapacityConfig {
     pub boot_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub orphan_grace: Duration,
+    /// The node boot script that installs and starts the agent (each Terraform module outputs
+    /// it as `node_boot_script`); it follows the node's bootstrap token in its user data.
+    #[serde(default)]
+    pub node_boot_script: Option<PathBuf>,
 }
 
 impl CapacityConfig {
@@ -234,6 +238,10 @@ impl CapacityConfig {
             cluster: self.cluster.clone(),
             price_refresh: d(self.price_refresh),
             orphan_grace: d(self.orphan_grace),
+            node_boot_script: self
+                .node_boot_script
+                .as_ref()
+                .and_then(|p| std::fs::read_to_string(p).ok()),
             ..Default::default()
         };
         s.planner.idle_grace = d(self.idle_grace);
@@ -437,6 +445,14 @@ impl Config {
             errs.push(
                 "sim.speed",
                 "an accelerated clock is for simulated clouds only; remove the real providers or set 1",
+            );
+        }
+        if let Some(p) = &self.capacity.node_boot_script
+            && let Err(e) = std::fs::read_to_string(p)
+        {
+            errs.push(
+                "capacity.node_boot_script",
+                format!("cannot read {}: {e}", p.display()),
             );
         }
         if self.capacity.interval < Duration::from_secs(1) {

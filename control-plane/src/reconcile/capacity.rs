@@ -66,6 +66,9 @@ pub struct CapacitySettings {
     pub orphan_grace: Duration,
     /// Simulated clouds' nodes run no agent: they count as ready once running.
     pub ready_on_running: bool,
+    /// The node boot script (installs and starts the agent) put after the bootstrap token in
+    /// the user data of every node bought from a real cloud (docs/deploy.md).
+    pub node_boot_script: Option<String>,
     pub planner: PlannerSettings,
 }
 
@@ -78,9 +81,34 @@ impl Default for CapacitySettings {
             boot_failure_ttl: Duration::minutes(10),
             orphan_grace: Duration::minutes(10),
             ready_on_running: true,
+            node_boot_script: None,
             planner: PlannerSettings::default(),
         }
     }
+}
+
+/// A node's user data: a first part that writes its bootstrap token to
+/// `/etc/spotplane/bootstrap-token` (root only), then the boot script (without its `#!` line),
+/// which installs and starts the agent. Without a boot script the node's image is expected to
+/// start the agent once the token file is there.
+pub fn node_user_data(token: &str, boot_script: Option<&str>) -> String {
+    let mut out = String::from(
+        "#!/bin/sh\n# spotplane: this node's bootstrap token (this node only, used once)\n\
+         umask 077\nmkdir -p /etc/spotplane\n",
+    );
+    // The token is `spb_<hex>_<base64url>`: nothing the shell would interpret in single quotes.
+    out.push_str(&format!(
+        "printf '%s\\n' '{}' > /etc/spotplane/bootstrap-token\n",
+        token.replace('\'', "")
+    ));
+    if let Some(script) = boot_script {
+        let body = match script.strip_prefix("#!") {
+            Some(rest) => rest.split_once('\n').map_or("", |(_, b)| b),
+            None => script,
+        };
+        out.push_str(body);
+    }
+    out
 }
 
 /// What one round did.
@@ -468,14 +496,29 @@ impl CapacityLoop {
                 labels: labels.clone(),
             };
             let client_token = node.client_token.clone();
-            self.store.create_node(node, now).await?;
+            // A real cloud's node gets its one-node bootstrap token in its user data; the
+            // simulated clouds' nodes are given agents by whoever runs them.
+            let user_data = if self.providers.sim(offer.cloud).is_some() {
+                self.store.create_node(node, now).await?;
+                None
+            } else {
+                let expires = now + self.settings.planner.boot_timeout + Duration::minutes(10);
+                let (_, token) = self
+                    .store
+                    .create_node_with_bootstrap(node, expires, now)
+                    .await?;
+                Some(node_user_data(
+                    &token,
+                    self.settings.node_boot_script.as_deref(),
+                ))
+            };
             labels.insert("spotplane-job".into(), buy.job.to_string());
             let req = ProvisionRequest {
                 node_id,
                 offer: offer.clone(),
                 client_token,
                 tags: labels,
-                user_data: None,
+                user_data,
             };
             match provider.provision(&req).await {
                 Ok(inst) => {
@@ -631,5 +674,34 @@ impl CapacityLoop {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::node_user_data;
+
+    #[test]
+    fn user_data_writes_the_token_then_runs_the_boot_script() {
+        let token = "spb_0123456789abcdef0123456789abcdef_AbC-dE_f";
+        let ud = node_user_data(
+            token,
+            Some("#!/bin/bash\nset -eu\nsystemctl start spotplane-agent\n"),
+        );
+        assert!(ud.starts_with("#!/bin/sh\n"), "{ud}");
+        assert!(
+            ud.contains(&format!(
+                "printf '%s\\n' '{token}' > /etc/spotplane/bootstrap-token\n"
+            )),
+            "{ud}"
+        );
+        assert!(ud.contains("umask 077"), "root-only token file: {ud}");
+        assert!(
+            ud.ends_with("set -eu\nsystemctl start spotplane-agent\n"),
+            "{ud}"
+        );
+        assert_eq!(ud.matches("#!").count(), 1, "one interpreter line: {ud}");
+        // Without a boot script, only the token part: the image starts the agent.
+        assert!(!node_user_data(token, None).contains("systemctl"));
     }
 }
