@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use spotplane_providers::clock::{Clock as _, ManualClock};
+use spotplane_providers::clock::ManualClock;
 
 use crate::cli::DemoArgs;
 use crate::config::Config;
