@@ -128,6 +128,7 @@ impl SimAgents {
             .list_nodes(&[NodeState::Booting, NodeState::Ready, NodeState::Draining])
             .await?;
         let mut present = HashSet::new();
+        let mut last_words = Vec::new();
         for n in &live {
             let (Some(pid), Some(sim)) = (&n.provider_instance_id, self.providers.sim(n.cloud))
             else {
@@ -136,13 +137,25 @@ impl SimAgents {
             let Some(inst) = sim.instance_by_name(pid) else {
                 continue;
             };
-            if inst.terminated_at.is_some_and(|t| t <= now) || inst.ready_at > now {
+            if inst.terminated_at.is_some_and(|t| t <= now) {
+                // Taken since the last tick. A real agent polls every few seconds: if the cloud
+                // gave notice, it saw it and used the window; play that out, then go silent.
+                if inst.notice.is_some() && self.agents.contains_key(&n.id) {
+                    last_words.push(n.id);
+                }
+                continue;
+            }
+            if inst.ready_at > now {
                 continue;
             }
             present.insert(n.id);
             if !self.agents.contains_key(&n.id) {
                 self.register(n.id, n.cloud, pid.clone(), now).await?;
             }
+        }
+        for id in last_words {
+            self.advance(id, now, dt).await?;
+            self.heartbeat(id, now).await?;
         }
         // A node the cloud took is silent from now on.
         self.agents.retain(|id, _| present.contains(id));

@@ -423,6 +423,36 @@ fn plan_job(
         }
         JobState::Starting | JobState::Running => {
             if any_gone {
+                // Taken after a notice the agent saw: the checkpoints it made in the window
+                // count; collect them as a drain would.
+                let noticed = j.allocs.iter().any(|a| {
+                    gone(&a.node)
+                        && nodes
+                            .get(&a.node)
+                            .is_some_and(|n| n.notice_seen_at.is_some())
+                });
+                if noticed && j.state == JobState::Running {
+                    out.push(Action::Transition {
+                        job: j.id,
+                        from: JobState::Running,
+                        to: JobState::Draining,
+                        reason: Some(
+                            "a node of the job was taken after its notice; collecting the checkpoints"
+                                .into(),
+                        ),
+                    });
+                    drain_commands(
+                        now,
+                        j,
+                        s,
+                        draining,
+                        nodes,
+                        out,
+                        &mut drain,
+                        pending_checkpoint,
+                    );
+                    return true;
+                }
                 out.push(lost(now, j, s, "a node of the job was lost without notice"));
                 return false;
             }
@@ -571,7 +601,14 @@ fn plan_job(
                 Some(d) => now > d + s.deadline_grace,
                 None => now > since + s.preempt_window + s.deadline_grace,
             };
-            if any_gone || expired {
+            // A replica whose node is gone without its checkpoint will never make one; the
+            // others (a gang's replicas elsewhere, still uploading) are waited for until the
+            // deadline.
+            let hopeless = j
+                .allocs
+                .iter()
+                .any(|a| gone(&a.node) && !fresh.contains_key(&a.replica));
+            if hopeless || expired {
                 out.push(lost(
                     now,
                     j,
@@ -620,6 +657,12 @@ fn drain_commands(
         .min()
         .unwrap_or_else(|| j.drain_started_at.unwrap_or(now) + s.preempt_window);
     for a in &j.allocs {
+        let gone = nodes
+            .get(&a.node)
+            .is_none_or(|n| matches!(n.state, NodeState::Terminating | NodeState::Terminated));
+        if gone {
+            continue;
+        }
         if draining(&a.node) {
             if nodes.get(&a.node).is_some_and(|n| !n.agent_saw_notice)
                 && let Some(d) = drain(a.node, Some(deadline))

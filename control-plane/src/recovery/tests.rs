@@ -373,6 +373,71 @@ fn a_node_lost_without_notice_requeues_its_jobs_with_the_work_since_the_checkpoi
 }
 
 #[test]
+fn a_node_taken_after_its_notice_keeps_the_checkpoints_of_the_window() {
+    let s = Settings::default();
+    // The agent saw the notice at 1000 and checkpointed; the node is gone by the next round.
+    let mut gone = ready(1);
+    gone.state = NodeState::Terminated;
+    gone.notice_seen_at = Some(t(1000));
+    let mut j = job(
+        JobState::Running,
+        vec![
+            alloc(0, 1, Some(ReplicaPhase::Running)),
+            alloc(1, 2, Some(ReplicaPhase::Running)),
+        ],
+    );
+    j.durable = vec![ckpt(0, 1, 600), ckpt(1, 2, 601), ckpt(0, 3, 1021)];
+    let out = plan(
+        t(1030),
+        &snap(vec![j.clone()], vec![gone.clone(), ready(2)]),
+        &s,
+    );
+    assert!(
+        matches!(
+            out[0],
+            Action::Transition {
+                to: JobState::Draining,
+                ..
+            }
+        ),
+        "{out:?}"
+    );
+    assert!(
+        matches!(out[1..], [Action::Checkpoint { replica: 1, .. }]),
+        "the other replica is asked, the gone node is not: {out:?}"
+    );
+    // Draining: the gone node's replica has its window checkpoint, the other is still
+    // uploading: wait; once it lands, requeued with nothing lost.
+    j.state = JobState::Draining;
+    j.drain_started_at = Some(t(1030));
+    j.checkpoint_requested_at = Some(t(1030));
+    assert_eq!(
+        plan(
+            t(1040),
+            &snap(vec![j.clone()], vec![gone.clone(), ready(2)]),
+            &s
+        ),
+        vec![]
+    );
+    j.durable.push(ckpt(1, 4, 1055));
+    let out = plan(
+        t(1060),
+        &snap(vec![j.clone()], vec![gone.clone(), ready(2)]),
+        &s,
+    );
+    assert_eq!(
+        requeue(&out).map(|r| (r.0, r.2)),
+        Some((Requeue::Checkpointed, 0)),
+        "{out:?}"
+    );
+    // Without a checkpoint of the window from the gone node's replica: lost at once.
+    j.durable
+        .retain(|c| c.point.checkpoint_id != CheckpointId::from_uuid(Uuid::from_u128(3)));
+    let out = plan(t(1060), &snap(vec![j], vec![gone, ready(2)]), &s);
+    assert_eq!(requeue(&out).map(|r| r.0), Some(Requeue::Lost), "{out:?}");
+}
+
+#[test]
 fn a_job_that_had_not_started_goes_back_without_lost_work() {
     let mut gone = ready(1);
     gone.state = NodeState::Terminated;
