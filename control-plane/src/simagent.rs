@@ -21,6 +21,7 @@ use spotplane_core::agent::{
     Command, CommandKind, CommandResult, Heartbeat, NoticeSource, PROTOCOL_VERSION,
     RegisterRequest, ReplicaPhase, ReplicaStatus, TerminationNotice,
 };
+use spotplane_core::shape::GpuShape;
 use spotplane_core::{CheckpointId, Cloud, CommandId, JobId, NodeId, NodeState};
 use spotplane_providers::registry::Providers;
 
@@ -47,7 +48,8 @@ struct SimState {
 #[derive(Debug)]
 struct Replica {
     attempt: u32,
-    gpus: u32,
+    /// GPUs it holds: whole GPUs, or the share of one (a MIG slice's compute, a `gpu_milli`).
+    gpus: f64,
     phase: ReplicaPhase,
     exit_code: Option<i32>,
     progress_hours: f64,
@@ -231,7 +233,7 @@ impl SimAgents {
         for r in a.replicas.values_mut() {
             if matches!(r.phase, ReplicaPhase::Running | ReplicaPhase::Checkpointing) {
                 r.progress_hours += hours;
-                self.stats.gpu_seconds += hours * 3600.0 * f64::from(r.gpus);
+                self.stats.gpu_seconds += hours * 3600.0 * r.gpus;
                 if r.progress_hours >= r.work_hours && r.checkpoint.is_none() {
                     r.phase = ReplicaPhase::Exited;
                     r.exit_code = Some(0);
@@ -358,18 +360,34 @@ impl SimAgents {
     }
 
     async fn carry_out(&mut self, node: NodeId, c: Command, now: DateTime<Utc>) {
-        let work = match &c.kind {
-            CommandKind::Start { job_id, .. } => match self.work.get(job_id) {
-                Some(w) => Some(*w),
-                // A job submitted through the API: its spec says how much work it is.
-                None => self
-                    .store
-                    .get_job(*job_id, None)
-                    .await
-                    .ok()
-                    .and_then(|j| j.spec.work_hours),
-            },
-            _ => None,
+        // What a started replica's workload is: the job's work, and how much GPU it holds.
+        let (work, weight) = match &c.kind {
+            CommandKind::Start {
+                job_id, devices, ..
+            } => {
+                let spec = self.store.get_job(*job_id, None).await.ok().map(|j| j.spec);
+                let work = self
+                    .work
+                    .get(job_id)
+                    .copied()
+                    .or_else(|| spec.as_ref().and_then(|s| s.work_hours));
+                let weight = match spec.map(|s| s.shape) {
+                    Some(GpuShape::Whole { gpus, .. }) => f64::from(gpus),
+                    Some(GpuShape::Shared { gpu_milli, .. }) => f64::from(gpu_milli) / 1000.0,
+                    // The compute share of the slice: 7 compute slices make a GPU.
+                    Some(GpuShape::Mig { profile, .. }) => {
+                        let slices = profile
+                            .models()
+                            .first()
+                            .and_then(|m| profile.class_on(*m))
+                            .map_or(7, |c| c.compute_slices());
+                        f64::from(slices) / 7.0
+                    }
+                    None => devices.len() as f64,
+                };
+                (work, weight)
+            }
+            _ => (None, 0.0),
         };
         let checkpoint_time = self.checkpoint_time;
         let Some(a) = self.agents.get_mut(&node) else {
@@ -387,7 +405,6 @@ impl SimAgents {
                 job_id,
                 replica,
                 attempt,
-                devices,
                 checkpoint_uri,
                 resume_from,
                 ..
@@ -401,7 +418,7 @@ impl SimAgents {
                         (job_id, replica),
                         Replica {
                             attempt,
-                            gpus: u32::try_from(devices.len()).unwrap_or(1).max(1),
+                            gpus: weight,
                             phase: ReplicaPhase::Running,
                             exit_code: None,
                             progress_hours: restored.unwrap_or(0.0),
