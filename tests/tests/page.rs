@@ -166,9 +166,15 @@ async fn the_live_page_draws_nodes_slices_and_jobs_in_headless_chromium() {
         "screenshot written: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // The whole-GPU colour of the slice diagram (#39c5cf) is on screen, in bars.
+    // The slice diagram's colours — whole GPUs (#39c5cf), MIG instances in use (#58a6ff),
+    // shares (#bc8cff) — are on screen, in bars.
     let whole = count_colour(&shot, [0x39, 0xc5, 0xcf]);
-    assert!(whole >= 200, "slice diagram pixels: {whole}");
+    let mig = count_colour(&shot, [0x58, 0xa6, 0xff]);
+    let share = count_colour(&shot, [0xbc, 0x8c, 0xff]);
+    assert!(
+        whole + mig + share >= 200,
+        "slice diagram pixels: whole {whole}, MIG {mig}, shares {share}"
+    );
     if let Some(keep) = std::env::var_os("SPOTPLANE_KEEP_SCREENSHOT") {
         let _ = std::fs::copy(&shot, keep);
     }
