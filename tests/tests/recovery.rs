@@ -35,7 +35,6 @@ type Agents = Arc<Mutex<HashMap<String, Child>>>;
 struct Cluster {
     dir: tempfile::TempDir,
     url: String,
-    port: u16,
     config: PathBuf,
     serve: Proc,
     agents: Agents,
@@ -120,6 +119,18 @@ fn serve(dir: &Path, config: &Path, n: u32) -> Proc {
     Proc::spawn(cmd, dir.join(format!("serve-{n}.log")))
 }
 
+/// Kills a node's agent (and so its workload), as the machine going away would.
+fn kill_agent(agents: &Agents, node: &str) {
+    let child = agents
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(node);
+    if let Some(mut c) = child {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
 /// Starts an agent for every node the control plane buys, as the cloud would boot one with the
 /// agent in its user data; kills it when the node is gone.
 async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
@@ -142,10 +153,7 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
             let id = n["id"].as_str().unwrap_or_default().to_owned();
             let state = n["state"].as_str().unwrap_or_default();
             if matches!(state, "terminated" | "terminating") {
-                if let Some(mut c) = agents.lock().unwrap_or_else(|p| p.into_inner()).remove(&id) {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
+                kill_agent(&agents, &id);
                 continue;
             }
             let Some(instance) = n["provider_instance_id"].as_str() else {
@@ -219,7 +227,6 @@ impl Cluster {
         Cluster {
             dir,
             url,
-            port,
             config,
             serve,
             agents,
@@ -374,18 +381,43 @@ impl Cluster {
         out
     }
 
+    /// The cloud takes the instance back with its notice.
+    async fn preempt(&self, cloud: &str, instance: &str) {
+        let (s, v) = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/sim/control/{cloud}/instances/{instance}/preempt"),
+                None,
+            )
+            .await;
+        assert_eq!(s, 202, "{v}");
+    }
+
+    /// The instance is gone at once, without notice; its machine (agent and workload) with it.
+    async fn vanish(&self, node: &str, cloud: &str, instance: &str) {
+        let (s, v) = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/sim/control/{cloud}/instances/{instance}/vanish"),
+                None,
+            )
+            .await;
+        assert_eq!(s, 202, "{v}");
+        kill_agent(&self.agents, node);
+    }
+
     async fn stop(self) {
         self.launcher.abort();
-        for (_, mut c) in self
+        let nodes: Vec<String> = self
             .agents
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .drain()
-        {
-            let _ = c.kill();
-            let _ = c.wait();
+            .keys()
+            .cloned()
+            .collect();
+        for n in nodes {
+            kill_agent(&self.agents, &n);
         }
-        let _ = self.port;
     }
 }
 
@@ -401,11 +433,11 @@ fn step_of(line: &str, prefix: &str) -> Option<u64> {
         .find_map(|r| r.split_whitespace().next()?.parse().ok())
 }
 
-async fn setup(db: Db) -> Option<Cluster> {
+async fn setup(db: Db) -> Cluster {
     setup_with(db, false).await
 }
 
-async fn setup_with(db: Db, one_gpu_nodes: bool) -> Option<Cluster> {
+async fn setup_with(db: Db, one_gpu_nodes: bool) -> Cluster {
     for b in ["spotplane", "spotplane-agent", "spotplane-example-train"] {
         bin(b); // built by scripts/test; says how to build it otherwise
     }
@@ -418,7 +450,7 @@ async fn setup_with(db: Db, one_gpu_nodes: bool) -> Option<Cluster> {
         )
         .await;
     assert_eq!(s, 201, "{v}");
-    Some(c)
+    c
 }
 
 async fn running(c: &Cluster, job: &str, attempt: u64) -> Value {
@@ -443,7 +475,7 @@ async fn succeeded(c: &Cluster, job: &str) -> Value {
 }
 
 async fn a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint(db: Db) {
-    let Some(c) = setup(db).await else { return };
+    let c = setup(db).await;
     let job = c.submit("notice", 500, 3600).await;
     running(&c, &job, 1).await;
     // Let it make progress, then the cloud takes the node back with its notice, while a spot
@@ -459,14 +491,7 @@ async fn a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint(db: Db)
         )
         .await;
     assert_eq!(s, 200);
-    let (s, v) = c
-        .call(
-            reqwest::Method::POST,
-            &format!("/sim/control/{cloud}/instances/{instance}/preempt"),
-            None,
-        )
-        .await;
-    assert_eq!(s, 202, "{v}");
+    c.preempt(&cloud, &instance).await;
     running(&c, &job, 2).await;
     let now = c.placement(&job).await;
     assert!(
@@ -505,7 +530,7 @@ async fn a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint(db: Db)
 }
 
 async fn a_node_lost_without_notice_resumes_from_the_periodic_checkpoint(db: Db) {
-    let Some(c) = setup(db).await else { return };
+    let c = setup(db).await;
     // A checkpoint every 30 simulated seconds (6 s here).
     let job = c.submit("vanish", 600, 30).await;
     running(&c, &job, 1).await;
@@ -524,24 +549,7 @@ async fn a_node_lost_without_notice_resumes_from_the_periodic_checkpoint(db: Db)
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (node, cloud, instance) = c.placement(&job).await.first().cloned().expect("placed");
-    let (s, v) = c
-        .call(
-            reqwest::Method::POST,
-            &format!("/sim/control/{cloud}/instances/{instance}/vanish"),
-            None,
-        )
-        .await;
-    assert_eq!(s, 202, "{v}");
-    // The machine is gone: its agent and workload with it.
-    if let Some(mut a) = c
-        .agents
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&node)
-    {
-        let _ = a.kill();
-        let _ = a.wait();
-    }
+    c.vanish(&node, &cloud, &instance).await;
     let j = running(&c, &job, 2).await;
     assert!(
         j["lost_gpu_seconds"].as_i64().unwrap_or(0) > 0,
@@ -557,19 +565,12 @@ async fn a_node_lost_without_notice_resumes_from_the_periodic_checkpoint(db: Db)
 }
 
 async fn the_control_plane_killed_during_a_drain_still_finishes_the_job(db: Db) {
-    let Some(mut c) = setup(db).await else { return };
+    let mut c = setup(db).await;
     let job = c.submit("sigkill", 400, 3600).await;
     running(&c, &job, 1).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let (_, cloud, instance) = c.placement(&job).await.first().cloned().expect("placed");
-    let (s, _) = c
-        .call(
-            reqwest::Method::POST,
-            &format!("/sim/control/{cloud}/instances/{instance}/preempt"),
-            None,
-        )
-        .await;
-    assert_eq!(s, 202);
+    c.preempt(&cloud, &instance).await;
     c.until("the node drains", 60, async || {
         (c.job(&job).await["state"] == "draining").then_some(())
     })
@@ -596,9 +597,7 @@ async fn the_control_plane_killed_during_a_drain_still_finishes_the_job(db: Db) 
 }
 
 async fn a_four_replica_gang_losing_one_node_restarts_whole_from_one_round(db: Db) {
-    let Some(c) = setup_with(db, true).await else {
-        return;
-    };
+    let c = setup_with(db, true).await;
     // Four replicas on four one-GPU nodes, a checkpoint round every 30 simulated seconds.
     let job = c.submit_gang("gang", 4, 500, 30).await;
     running(&c, &job, 1).await;
@@ -625,23 +624,7 @@ async fn a_four_replica_gang_losing_one_node_restarts_whole_from_one_round(db: D
     tokio::time::sleep(Duration::from_secs(2)).await;
     // One node vanishes; its machine (agent and workload) with it.
     let (node, cloud, instance) = nodes[0].clone();
-    let (s, v) = c
-        .call(
-            reqwest::Method::POST,
-            &format!("/sim/control/{cloud}/instances/{instance}/vanish"),
-            None,
-        )
-        .await;
-    assert_eq!(s, 202, "{v}");
-    if let Some(mut a) = c
-        .agents
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&node)
-    {
-        let _ = a.kill();
-        let _ = a.wait();
-    }
+    c.vanish(&node, &cloud, &instance).await;
     let j = running(&c, &job, 2).await;
     assert!(j["lost_gpu_seconds"].as_i64().unwrap_or(0) > 0, "{j}");
     // The whole gang restarted, every replica from its checkpoint of the same round.

@@ -445,6 +445,7 @@ fn plan_job(
                         now,
                         j,
                         s,
+                        gone,
                         draining,
                         nodes,
                         out,
@@ -506,6 +507,7 @@ fn plan_job(
                     now,
                     j,
                     s,
+                    gone,
                     draining,
                     nodes,
                     out,
@@ -537,7 +539,7 @@ fn plan_job(
                 let last = [
                     j.checkpoint_requested_at,
                     j.running_since,
-                    round_at_most(j, None, s.round_spread).map(|(_, at)| at),
+                    latest_round(j, s.round_spread).map(|(_, at)| at),
                 ]
                 .into_iter()
                 .flatten()
@@ -622,6 +624,7 @@ fn plan_job(
                     now,
                     j,
                     s,
+                    gone,
                     draining,
                     nodes,
                     out,
@@ -643,6 +646,7 @@ fn drain_commands(
     now: DateTime<Utc>,
     j: &JobView,
     s: &Settings,
+    gone: &dyn Fn(&NodeId) -> bool,
     draining: &dyn Fn(&NodeId) -> bool,
     nodes: &HashMap<NodeId, &NodeView>,
     out: &mut Vec<Action>,
@@ -657,10 +661,7 @@ fn drain_commands(
         .min()
         .unwrap_or_else(|| j.drain_started_at.unwrap_or(now) + s.preempt_window);
     for a in &j.allocs {
-        let gone = nodes
-            .get(&a.node)
-            .is_none_or(|n| matches!(n.state, NodeState::Terminating | NodeState::Terminated));
-        if gone {
+        if gone(&a.node) {
             continue;
         }
         if draining(&a.node) {
@@ -680,19 +681,16 @@ fn drain_commands(
     }
 }
 
-/// The latest checkpoint round every replica completed (finished by `until`): per replica its
-/// checkpoint of that round, and when the round ended. A round is the set of checkpoints that
+/// The latest checkpoint round every replica completed: per replica its checkpoint of that
+/// round, and when the round ended. A round is the set of checkpoints that
 /// finished within `spread` of the earliest of the replicas' latest checkpoints.
-fn round_at_most(
+fn latest_round(
     j: &JobView,
-    until: Option<DateTime<Utc>>,
     spread: Duration,
 ) -> Option<(BTreeMap<u32, ResumePoint>, DateTime<Utc>)> {
     let mut per: BTreeMap<u32, Vec<&CheckpointView>> = BTreeMap::new();
     for c in &j.durable {
-        if until.is_none_or(|u| c.point.completed_at <= u) {
-            per.entry(c.replica).or_default().push(c);
-        }
+        per.entry(c.replica).or_default().push(c);
     }
     if (0..j.replicas).any(|r| !per.contains_key(&r)) {
         return None;
@@ -719,7 +717,7 @@ fn round_at_most(
 /// The gang's resume point after a run ended without a fresh checkpoint: the latest complete
 /// round, else what it resumed from.
 fn fallback(j: &JobView, s: &Settings) -> (BTreeMap<u32, ResumePoint>, Option<DateTime<Utc>>) {
-    match round_at_most(j, None, s.round_spread) {
+    match latest_round(j, s.round_spread) {
         Some((round, at)) => (round, Some(at)),
         None => {
             let at = j.resume_from.values().map(|p| p.completed_at).max();

@@ -57,6 +57,14 @@ fn devices(
     Ok(gpus.iter().map(ToString::to_string).collect())
 }
 
+/// Where a job's checkpoints go: its own `checkpoint.uri`, else `<default_root>/jobs/<id>`.
+fn checkpoint_prefix(spec: &JobSpec, job_id: JobId, default_root: &str) -> String {
+    match &spec.checkpoint {
+        Some(c) => c.uri.clone(),
+        None => format!("{}/jobs/{job_id}", default_root.trim_end_matches('/')),
+    }
+}
+
 /// GPU-milli an allocation holds: 1000 per whole GPU, the share, or a MIG slice's compute share.
 fn gpu_milli(a: &allocation::Model) -> Result<u32, StoreError> {
     if let Some(m) = &a.mig {
@@ -320,10 +328,7 @@ impl Store {
                     "replica {replica} of job {job_id} (attempt {attempt}) is not waiting to start on node {node_id}"
                 )));
             }
-            let checkpoint_uri = match &spec.checkpoint {
-                Some(c) => c.uri.clone(),
-                None => format!("{}/jobs/{job_id}", default_root.trim_end_matches('/')),
-            };
+            let checkpoint_uri = checkpoint_prefix(&spec, job_id, default_root);
             let kind = CommandKind::Start {
                 job_id,
                 replica,
@@ -359,10 +364,7 @@ impl Store {
                 .await?
                 .ok_or_else(|| StoreError::NotFound(format!("job {job_id}")))?;
             let spec: JobSpec = from_json("jobs", &row.id, row.spec.clone())?;
-            let uri = match &spec.checkpoint {
-                Some(c) => c.uri.clone(),
-                None => format!("{}/jobs/{job_id}", default_root.trim_end_matches('/')),
-            };
+            let uri = checkpoint_prefix(&spec, job_id, default_root);
             job::Entity::update_many()
                 .col_expr(job::Column::CheckpointRequestedAt, Expr::value(Some(now)))
                 .filter(job::Column::Id.eq(job_id.to_string()))
