@@ -258,6 +258,13 @@ pub struct JobSpec {
     /// retried, with exponential back-off, before the job ends `failed` (default 3, at most 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_retries: Option<u32>,
+    /// An elastic gang keeps its surviving replicas running when a cloud takes some of its
+    /// nodes: only the lost replicas are placed again, each resuming from its own latest
+    /// checkpoint (for frameworks that re-form a group as members come and go, such as
+    /// `torchrun --nnodes=MIN:MAX`). By default (false) the whole gang restarts from one
+    /// checkpoint round.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub elastic: bool,
 }
 
 /// `max_hourly_usd` is written in dollars on the wire and held as micro-dollars.
@@ -303,6 +310,7 @@ impl JobSpec {
             regions: Vec::new(),
             labels: BTreeMap::new(),
             max_retries: None,
+            elastic: false,
         }
     }
 

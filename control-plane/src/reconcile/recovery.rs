@@ -24,6 +24,8 @@ pub struct RecoveryReport {
     pub drains: usize,
     pub stops: usize,
     pub requeued: usize,
+    /// Replicas of elastic jobs let go while the rest ran on.
+    pub replicas_dropped: usize,
     pub failed: usize,
     pub nodes_lost: usize,
     pub stale: usize,
@@ -233,6 +235,18 @@ impl RecoveryLoop {
                     )
                     .await?;
                 report.requeued += 1;
+            }
+            Action::DropReplicas {
+                job,
+                replicas,
+                lost_gpu_seconds,
+                reason,
+            } => {
+                self.store
+                    .drop_replicas(*job, replicas, *lost_gpu_seconds, reason, now)
+                    .await?;
+                tracing::info!(%job, replicas = replicas.len(), lost_gpu_seconds, "elastic job runs on without the replicas whose nodes went");
+                report.replicas_dropped += replicas.len();
             }
             Action::Fail { job, from, reason } => {
                 self.store

@@ -29,7 +29,11 @@
 //! - a replica an agent still runs but that no live job wants (cancelled, requeued, finished) is
 //!   stopped, once.
 //!
-//! Multi-node gangs restart whole, every replica from the same checkpoint round.
+//! Multi-node gangs restart whole, every replica from the same checkpoint round — unless the
+//! job is `elastic`: then, while some replicas survive, only the replicas on the nodes going
+//! away leave (each with a checkpoint made in the notice window, else from its own latest
+//! checkpoint with the GPU-seconds since recorded as lost); the others run on, the scheduler
+//! places the missing replicas again as a new attempt of those replicas, and they start here.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -102,6 +106,8 @@ pub struct NodeView {
     pub notice_seen_at: Option<DateTime<Utc>>,
     /// When its agent was last heard; `None` if no agent ever registered.
     pub agent_last_seen: Option<DateTime<Utc>>,
+    /// When it began draining, for a draining node.
+    pub draining_since: Option<DateTime<Utc>>,
 }
 
 /// One replica's place and what its agent last said of it.
@@ -135,6 +141,8 @@ pub struct JobView {
     pub state: JobState,
     pub attempt: u32,
     pub replicas: u32,
+    /// Survivors run on when some replicas are lost (`JobSpec::elastic`).
+    pub elastic: bool,
     pub retry_limit: u32,
     pub failures: u32,
     pub checkpoint_interval: Option<Duration>,
@@ -186,6 +194,15 @@ pub struct Snapshot {
     pub nodes: Vec<NodeView>,
     pub reported: Vec<ReportedReplica>,
     pub pending: Vec<PendingCommand>,
+}
+
+/// A replica of an elastic job leaving with its node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dropped {
+    pub replica: u32,
+    pub attempt: u32,
+    /// Where it resumes when placed again; `None`: from the start.
+    pub resume_from: Option<ResumePoint>,
 }
 
 /// How a run that did not finish goes back to the queue.
@@ -247,6 +264,14 @@ pub enum Action {
         resume_from: BTreeMap<u32, ResumePoint>,
         lost_gpu_seconds: i64,
         not_before: Option<DateTime<Utc>>,
+        reason: String,
+    },
+    /// Release the allocations of some replicas of an elastic job whose nodes are going; the
+    /// job keeps running on the others and the scheduler places these again.
+    DropReplicas {
+        job: JobId,
+        replicas: Vec<Dropped>,
+        lost_gpu_seconds: i64,
         reason: String,
     },
     /// End a job that failed too often.
@@ -389,6 +414,18 @@ fn plan_job(
         .min();
     let any_draining = j.allocs.iter().any(|a| draining(&a.node));
 
+    // An elastic job with survivors lets only the leaving replicas go.
+    if j.elastic
+        && j.state == JobState::Running
+        && (any_gone || any_draining)
+        && j.allocs
+            .iter()
+            .any(|a| !gone(&a.node) && !draining(&a.node))
+    {
+        plan_elastic_departures(now, j, s, gone, nodes, out, &mut drain);
+        return true;
+    }
+
     match j.state {
         JobState::Admitted | JobState::Starting if any_gone || any_draining => {
             out.push(Action::Requeue {
@@ -469,7 +506,7 @@ fn plan_job(
                 out.push(failure(now, j, s, &why));
                 return false;
             }
-            if !j.allocs.is_empty()
+            if j.allocs.len() == j.replicas as usize
                 && j.allocs
                     .iter()
                     .all(|a| a.phase == Some(ReplicaPhase::Exited) && a.exit_code == Some(0))
@@ -516,6 +553,19 @@ fn plan_job(
                 );
                 return true;
             }
+            // Replicas of an elastic job placed again while the others run.
+            if j.state == JobState::Running {
+                for a in j.allocs.iter().filter(|a| a.started_at.is_none()) {
+                    out.push(Action::Start {
+                        job: j.id,
+                        node: a.node,
+                        replica: a.replica,
+                        attempt: a.attempt,
+                        devices: a.devices.clone(),
+                        resume_from: j.resume_from.get(&a.replica).cloned(),
+                    });
+                }
+            }
             if j.state == JobState::Starting
                 && j.allocs.iter().all(|a| {
                     matches!(
@@ -549,7 +599,12 @@ fn plan_job(
                         || pending_checkpoint.contains(&(j.id, a.replica))
                 });
                 if last.is_some_and(|t| now - t >= every) && !busy {
-                    for a in &j.allocs {
+                    // (A replica placed again and not running yet joins the next round.)
+                    for a in j
+                        .allocs
+                        .iter()
+                        .filter(|a| a.phase == Some(ReplicaPhase::Running))
+                    {
                         out.push(Action::Checkpoint {
                             job: j.id,
                             node: a.node,
@@ -638,6 +693,113 @@ fn plan_job(
     }
 }
 
+/// The replicas of an elastic job on nodes that are going: each leaves once it has a checkpoint
+/// begun after its node's notice, or when its node is gone (or the deadline passed) without
+/// one, falling back to its own latest checkpoint; until then a node whose agent did not see
+/// the notice is sent a `drain`. The other replicas are left alone.
+fn plan_elastic_departures(
+    now: DateTime<Utc>,
+    j: &JobView,
+    s: &Settings,
+    gone: &dyn Fn(&NodeId) -> bool,
+    nodes: &HashMap<NodeId, &NodeView>,
+    out: &mut Vec<Action>,
+    drain: &mut impl FnMut(NodeId, Option<DateTime<Utc>>) -> Option<Action>,
+) {
+    let mut dropped = Vec::new();
+    let mut lost_total = 0;
+    let mut why = Vec::new();
+    for a in &j.allocs {
+        let node = nodes.get(&a.node);
+        let is_gone = gone(&a.node);
+        if !is_gone && !node.is_some_and(|n| n.state == NodeState::Draining) {
+            continue;
+        }
+        let since = node.and_then(|n| n.notice_seen_at.or(n.draining_since));
+        let fresh = since.and_then(|t| {
+            j.durable
+                .iter()
+                .filter(|c| {
+                    c.replica == a.replica
+                        && c.attempt == a.attempt
+                        && c.started_at >= t - s.notice_skew
+                })
+                .max_by_key(|c| c.point.completed_at)
+        });
+        if let Some(c) = fresh {
+            why.push(format!(
+                "replica {} checkpointed before its node went",
+                a.replica
+            ));
+            dropped.push(Dropped {
+                replica: a.replica,
+                attempt: a.attempt,
+                resume_from: Some(c.point.clone()),
+            });
+            continue;
+        }
+        let deadline = node.and_then(|n| n.notice_deadline);
+        if is_gone || deadline.is_some_and(|d| now > d + s.deadline_grace) {
+            let back = replica_latest(j, a.replica);
+            let lost = replica_lost_since(now, j, a, back.map(|p| p.completed_at));
+            lost_total += lost;
+            why.push(format!(
+                "replica {} lost with its node, resuming from {} ({lost} GPU-seconds lost)",
+                a.replica,
+                match back {
+                    Some(p) => format!(
+                        "its checkpoint of {}",
+                        p.completed_at
+                            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    ),
+                    None => "the start".into(),
+                }
+            ));
+            dropped.push(Dropped {
+                replica: a.replica,
+                attempt: a.attempt,
+                resume_from: back.cloned(),
+            });
+        } else if node.is_some_and(|n| !n.agent_saw_notice)
+            && let Some(d) = drain(a.node, deadline)
+        {
+            out.push(d);
+        }
+    }
+    if !dropped.is_empty() {
+        out.push(Action::DropReplicas {
+            job: j.id,
+            replicas: dropped,
+            lost_gpu_seconds: lost_total,
+            reason: format!("{}; placing them again", why.join("; ")),
+        });
+    }
+}
+
+/// A replica's latest durable checkpoint of any attempt, else what it last resumed from.
+fn replica_latest(j: &JobView, replica: u32) -> Option<&ResumePoint> {
+    j.durable
+        .iter()
+        .filter(|c| c.replica == replica)
+        .map(|c| &c.point)
+        .max_by_key(|p| p.completed_at)
+        .or_else(|| j.resume_from.get(&replica))
+}
+
+/// GPU-seconds one replica ran since `resume_at` (or since it started).
+fn replica_lost_since(
+    now: DateTime<Utc>,
+    j: &JobView,
+    a: &AllocView,
+    resume_at: Option<DateTime<Utc>>,
+) -> i64 {
+    let Some(run) = [j.running_since, a.started_at].into_iter().flatten().max() else {
+        return 0;
+    };
+    let from = resume_at.map_or(run, |r| r.max(run));
+    (now - from).num_milliseconds().max(0) * i64::from(a.gpu_milli) / 1_000_000
+}
+
 /// The checkpoints a drain needs: replicas on a draining node checkpoint by themselves when
 /// their agent saw the notice, else their node is sent a `drain`; every other replica (of the
 /// gang elsewhere, or of a job the scheduler preempts) gets a `checkpoint` with the deadline.
@@ -717,6 +879,14 @@ fn latest_round(
 /// The gang's resume point after a run ended without a fresh checkpoint: the latest complete
 /// round, else what it resumed from.
 fn fallback(j: &JobView, s: &Settings) -> (BTreeMap<u32, ResumePoint>, Option<DateTime<Utc>>) {
+    if j.elastic {
+        // Each replica from its own latest checkpoint: the group re-forms as they join.
+        let points: BTreeMap<u32, ResumePoint> = (0..j.replicas)
+            .filter_map(|r| replica_latest(j, r).map(|p| (r, p.clone())))
+            .collect();
+        let at = points.values().map(|p| p.completed_at).min();
+        return (points, at);
+    }
     match latest_round(j, s.round_spread) {
         Some((round, at)) => (round, Some(at)),
         None => {
@@ -728,6 +898,23 @@ fn fallback(j: &JobView, s: &Settings) -> (BTreeMap<u32, ResumePoint>, Option<Da
 
 fn gpu_milli(j: &JobView) -> i64 {
     j.allocs.iter().map(|a| i64::from(a.gpu_milli)).sum()
+}
+
+/// GPU-seconds of this run lost by resuming from `points` (of `at`): for an elastic job
+/// replica by replica, each from its own point.
+fn run_lost(
+    now: DateTime<Utc>,
+    j: &JobView,
+    points: &BTreeMap<u32, ResumePoint>,
+    at: Option<DateTime<Utc>>,
+) -> i64 {
+    if !j.elastic {
+        return lost_since(now, j, at);
+    }
+    j.allocs
+        .iter()
+        .map(|a| replica_lost_since(now, j, a, points.get(&a.replica).map(|p| p.completed_at)))
+        .sum()
 }
 
 /// GPU-seconds of this run since `resume_at` (or since it began running).
@@ -753,7 +940,7 @@ fn lost(now: DateTime<Utc>, j: &JobView, s: &Settings, why: &str) -> Action {
         };
     }
     let (resume_from, at) = fallback(j, s);
-    let lost = lost_since(now, j, at);
+    let lost = run_lost(now, j, &resume_from, at);
     Action::Requeue {
         job: j.id,
         from: j.state,
@@ -793,7 +980,7 @@ fn failure(now: DateTime<Utc>, j: &JobView, s: &Settings, why: &str) -> Action {
         job: j.id,
         from: j.state,
         how: Requeue::Failure,
-        lost_gpu_seconds: lost_since(now, j, at),
+        lost_gpu_seconds: run_lost(now, j, &resume_from, at),
         resume_from,
         not_before: Some(now + wait),
         reason: format!(

@@ -27,6 +27,7 @@ fn ready(n: u128) -> NodeView {
         agent_saw_notice: false,
         notice_seen_at: None,
         agent_last_seen: None,
+        draining_since: None,
     }
 }
 
@@ -66,6 +67,7 @@ fn job(state: JobState, allocs: Vec<AllocView>) -> JobView {
         state,
         attempt: 1,
         replicas: allocs.len() as u32,
+        elastic: false,
         retry_limit: 2,
         failures: 0,
         checkpoint_interval: None,
@@ -544,6 +546,7 @@ proptest! {
             agent_saw_notice: i % 2 == 0,
             notice_seen_at: None,
             agent_last_seen: Some(t(seen)),
+            draining_since: (*s == 1).then(|| t(800)),
         }).collect();
         let jobs: Vec<JobView> = states.iter().enumerate().map(|(k, s)| {
             let replicas = (k % 3 + 1) as u32;
@@ -556,6 +559,7 @@ proptest! {
             let mut j = job([JobState::Admitted, JobState::Starting, JobState::Running, JobState::Draining][*s as usize], allocs);
             j.id = job_id(k as u128);
             j.replicas = replicas;
+            j.elastic = k % 2 == 1;
             j.drain_started_at = Some(t(900));
             j.checkpoint_interval = Some(Duration::seconds(300));
             j.durable = ckpts.iter().enumerate().map(|(i, (r, at))| ckpt(*r, i as u128, *at)).collect();
@@ -569,8 +573,18 @@ proptest! {
                     *ended.entry(*job).or_default() += 1;
                     prop_assert!(*lost_gpu_seconds >= 0);
                     let j = jobs.iter().find(|j| j.id == *job).expect("job");
-                    prop_assert!(resume_from.is_empty() || resume_from.len() == j.replicas as usize
-                        || resume_from == &j.resume_from);
+                    prop_assert!(j.elastic || resume_from.is_empty()
+                        || resume_from.len() == j.replicas as usize || resume_from == &j.resume_from);
+                }
+                Action::DropReplicas { job, replicas, lost_gpu_seconds, .. } => {
+                    *ended.entry(*job).or_default() += 1;
+                    prop_assert!(*lost_gpu_seconds >= 0);
+                    let j = jobs.iter().find(|j| j.id == *job).expect("job");
+                    // Only an elastic job, only some of its replicas, each one it holds.
+                    prop_assert!(j.elastic && !replicas.is_empty() && replicas.len() < j.allocs.len());
+                    for d in replicas {
+                        prop_assert!(j.allocs.iter().any(|a| a.replica == d.replica && a.attempt == d.attempt));
+                    }
                 }
                 Action::Fail { job, .. } | Action::Transition { job, to: JobState::Succeeded, .. } => {
                     *ended.entry(*job).or_default() += 1;
@@ -580,4 +594,207 @@ proptest! {
         }
         prop_assert!(ended.values().all(|n| *n == 1), "{out:?}");
     }
+}
+
+fn elastic_gang(nodes: &[u128]) -> JobView {
+    let mut j = job(
+        JobState::Running,
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(r, n)| alloc(r as u32, *n, Some(ReplicaPhase::Running)))
+            .collect(),
+    );
+    j.elastic = true;
+    j
+}
+
+fn drops(a: &[Action]) -> Vec<(Vec<Dropped>, i64)> {
+    a.iter()
+        .filter_map(|a| match a {
+            Action::DropReplicas {
+                replicas,
+                lost_gpu_seconds,
+                ..
+            } => Some((replicas.clone(), *lost_gpu_seconds)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_elastic_gang_keeps_its_survivors_when_a_node_is_lost_without_notice() {
+    let mut j = elastic_gang(&[1, 2, 3]);
+    j.durable = vec![ckpt(2, 1, 100), ckpt(0, 2, 150), ckpt(2, 3, 40)];
+    let mut gone = ready(3);
+    gone.state = NodeState::Terminated;
+    let out = plan(
+        t(400),
+        &snap(vec![j], vec![ready(1), ready(2), gone]),
+        &Settings::default(),
+    );
+    // Replica 2 alone leaves, back to its own latest checkpoint; 300 s of one GPU lost.
+    assert_eq!(
+        drops(&out),
+        vec![(
+            vec![Dropped {
+                replica: 2,
+                attempt: 1,
+                resume_from: Some(point(1, 100)),
+            }],
+            300
+        )]
+    );
+    assert!(requeue(&out).is_none(), "{out:?}");
+    assert!(
+        !out.iter().any(|a| matches!(
+            a,
+            Action::Transition { .. } | Action::Checkpoint { .. } | Action::Stop { .. }
+        )),
+        "the survivors are left alone: {out:?}"
+    );
+}
+
+#[test]
+fn an_elastic_replica_on_a_noticed_node_leaves_with_its_window_checkpoint() {
+    let s = Settings::default();
+    let mut noticed = ready(3);
+    noticed.state = NodeState::Draining;
+    noticed.notice_deadline = Some(t(320));
+    noticed.agent_saw_notice = true;
+    noticed.notice_seen_at = Some(t(200));
+    noticed.draining_since = Some(t(201));
+    let mut j = elastic_gang(&[1, 2, 3]);
+    j.durable = vec![ckpt(2, 1, 100)];
+    let nodes = vec![ready(1), ready(2), noticed.clone()];
+    // The agent checkpoints by itself: nothing to do while it uploads, and no gang round.
+    assert_eq!(
+        plan(t(210), &snap(vec![j.clone()], nodes.clone()), &s),
+        vec![]
+    );
+    // Its checkpoint of the window is durable: it leaves with it, nothing lost.
+    j.durable.push(CheckpointView {
+        replica: 2,
+        attempt: 1,
+        started_at: t(200),
+        point: point(9, 230),
+    });
+    let out = plan(t(231), &snap(vec![j.clone()], nodes), &s);
+    assert_eq!(
+        drops(&out),
+        vec![(
+            vec![Dropped {
+                replica: 2,
+                attempt: 1,
+                resume_from: Some(point(9, 230)),
+            }],
+            0
+        )]
+    );
+    // A notice from the cloud's stream (the agent did not see it): the node is told to drain,
+    // once; past the deadline without a checkpoint the replica falls back and work is lost.
+    let mut streamed = noticed;
+    streamed.agent_saw_notice = false;
+    streamed.notice_seen_at = None;
+    j.durable.truncate(1);
+    let nodes = vec![ready(1), ready(2), streamed];
+    let out = plan(t(210), &snap(vec![j.clone()], nodes.clone()), &s);
+    assert_eq!(
+        out,
+        vec![Action::Drain {
+            node: node(3),
+            deadline: Some(t(320))
+        }]
+    );
+    let out = plan(t(400), &snap(vec![j], nodes), &s);
+    assert_eq!(
+        drops(&out),
+        vec![(
+            vec![Dropped {
+                replica: 2,
+                attempt: 1,
+                resume_from: Some(point(1, 100)),
+            }],
+            300
+        )]
+    );
+}
+
+#[test]
+fn an_elastic_gang_that_loses_every_node_restarts_each_replica_from_its_own_checkpoint() {
+    let mut j = elastic_gang(&[1, 2]);
+    j.durable = vec![ckpt(0, 1, 100), ckpt(1, 2, 200)];
+    let mut a = ready(1);
+    a.state = NodeState::Terminated;
+    let mut b = ready(2);
+    b.state = NodeState::Terminated;
+    let out = plan(t(400), &snap(vec![j], vec![a, b]), &Settings::default());
+    let (how, resume, lost) = requeue(&out).expect("requeued whole");
+    assert_eq!(how, Requeue::Lost);
+    assert_eq!(
+        resume,
+        &BTreeMap::from([(0, point(1, 100)), (1, point(2, 200))])
+    );
+    // Each replica loses what it ran since its own checkpoint: 300 + 200.
+    assert_eq!(lost, 500);
+    assert!(drops(&out).is_empty());
+}
+
+#[test]
+fn a_replica_placed_again_is_started_and_the_job_finishes_only_with_every_replica() {
+    let mut j = elastic_gang(&[1, 2, 3]);
+    for a in &mut j.allocs {
+        a.phase = Some(ReplicaPhase::Exited);
+        a.exit_code = Some(0);
+    }
+    // Replica 2 left; the survivors finished first: not done yet.
+    let placed_again = j.allocs.pop().expect("three");
+    let out = plan(
+        t(500),
+        &snap(vec![j.clone()], vec![ready(1), ready(2), ready(4)]),
+        &Settings::default(),
+    );
+    assert_eq!(out, vec![], "two of three replicas are not the job");
+    // Placed again on node 4 as attempt 2: started with its resume point.
+    j.resume_from.insert(2, point(1, 100));
+    j.allocs.push(AllocView {
+        attempt: 2,
+        node: node(4),
+        started_at: None,
+        phase: None,
+        exit_code: None,
+        ..placed_again
+    });
+    let out = plan(
+        t(510),
+        &snap(vec![j.clone()], vec![ready(1), ready(2), ready(4)]),
+        &Settings::default(),
+    );
+    assert_eq!(
+        out,
+        vec![Action::Start {
+            job: job_id(1),
+            node: node(4),
+            replica: 2,
+            attempt: 2,
+            devices: vec!["0".into()],
+            resume_from: Some(point(1, 100)),
+        }]
+    );
+    // Once it exits 0 too, the job has succeeded.
+    let last = j.allocs.last_mut().expect("three");
+    last.started_at = Some(t(510));
+    last.phase = Some(ReplicaPhase::Exited);
+    last.exit_code = Some(0);
+    let out = plan(
+        t(900),
+        &snap(vec![j], vec![ready(1), ready(2), ready(4)]),
+        &Settings::default(),
+    );
+    assert!(out.contains(&Action::Transition {
+        job: job_id(1),
+        from: JobState::Running,
+        to: JobState::Succeeded,
+        reason: None
+    }));
 }

@@ -374,3 +374,59 @@ pub(crate) async fn job_event_in<C: ConnectionTrait>(
     record_job_event(txn, &job, &row.team_id, Some(from), data, now).await?;
     Ok(job)
 }
+
+/// Records something that happened to the job in `row` without moving it (`job.<what>`: a
+/// history entry, with `reason`, and an outbox event), inside the caller's transaction. The
+/// job's version is bumped, so a concurrent change is a conflict.
+pub(crate) async fn job_note_in<C: ConnectionTrait>(
+    txn: &C,
+    row: job::Model,
+    what: &str,
+    reason: &str,
+    data: Value,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let bumped = job::Entity::update_many()
+        .col_expr(job::Column::UpdatedAt, Expr::value(now))
+        .col_expr(job::Column::Version, Expr::value(row.version + 1))
+        .filter(job::Column::Id.eq(row.id.clone()))
+        .filter(job::Column::Version.eq(row.version))
+        .exec(txn)
+        .await?;
+    if bumped.rows_affected != 1 {
+        return Err(StoreError::Conflict(format!(
+            "job {} changed concurrently; retry",
+            row.id
+        )));
+    }
+    let team_id = row.team_id.clone();
+    let job = job_from_row(row)?;
+    let kind = format!("job.{what}");
+    job_event::ActiveModel {
+        job_id: Set(job.id.to_string()),
+        at: Set(now),
+        kind: Set(kind.clone()),
+        from_state: Set(Some(job.state.to_string())),
+        to_state: Set(Some(job.state.to_string())),
+        reason: Set(Some(reason.to_owned())),
+        data: Set(Some(data.clone())),
+        ..Default::default()
+    }
+    .insert(txn)
+    .await?;
+    let mut payload = job_payload(&job, Some(job.state));
+    payload["reason"] = json!(reason);
+    payload["detail"] = data;
+    outbox::ActiveModel {
+        kind: Set(kind),
+        subject_kind: Set("job".into()),
+        subject_id: Set(job.id.to_string()),
+        team_id: Set(Some(team_id)),
+        payload: Set(payload),
+        created_at: Set(now),
+        ..Default::default()
+    }
+    .insert(txn)
+    .await?;
+    Ok(())
+}

@@ -14,11 +14,11 @@ use spotplane_core::{CheckpointId, JobId, JobState, NodeId, NodeState};
 
 use super::agents::{CHECKPOINT_COMPLETE, PHASE_START_FAILED};
 use super::entity::{agent_command, allocation, checkpoint, gpu, job, node, node_agent};
-use super::jobs::job_event_in;
+use super::jobs::{job_event_in, job_note_in};
 use super::{Store, StoreError, from_json, parse_col};
 use crate::recovery::{
-    AllocView, CheckpointView, JobView, NodeView, PendingCommand, PendingKind, ReportedReplica,
-    Requeue, ResumePoint, Snapshot,
+    AllocView, CheckpointView, Dropped, JobView, NodeView, PendingCommand, PendingKind,
+    ReportedReplica, Requeue, ResumePoint, Snapshot,
 };
 
 const WATCHED: [JobState; 4] = [
@@ -194,6 +194,8 @@ impl Store {
                         .is_some_and(|n| n.deadline.is_some() && n.action != "rebalance"),
                     agent_last_seen: agent
                         .and_then(|a| a.last_heartbeat_at.or(Some(a.registered_at))),
+                    // A node's row changes with its state (heartbeats touch other columns).
+                    draining_since: (state == NodeState::Draining).then_some(n.updated_at),
                 });
             }
             for chunk in node_ids.chunks(500) {
@@ -267,6 +269,7 @@ impl Store {
                     state: parse_col("jobs", &j.id, &j.state)?,
                     attempt: u32::try_from(j.attempt).unwrap_or(0),
                     replicas: spec.replicas,
+                    elastic: spec.elastic,
                     retry_limit: spec.max_retries.unwrap_or(retry_limit),
                     failures: u32::try_from(j.failures).unwrap_or(0),
                     checkpoint_interval: spec
@@ -475,6 +478,82 @@ impl Store {
                 now,
             )
             .await?;
+            txn.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Lets some replicas of a running elastic job go, in one transaction: their allocations
+    /// released (the scheduler places them again), their resume points set, the work lost
+    /// added to the job, and a `job.replicas_lost` history entry and outbox event. A job no
+    /// longer running is a conflict, nothing written.
+    pub async fn drop_replicas(
+        &self,
+        job_id: JobId,
+        replicas: &[Dropped],
+        lost_gpu_seconds: i64,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.measured("drop_replicas", || async {
+            let txn = self.write.begin().await?;
+            let row = reload(&txn, job_id).await?;
+            let state: JobState = parse_col("jobs", &row.id, &row.state)?;
+            if state != JobState::Running {
+                return Err(StoreError::Conflict(format!(
+                    "job {job_id} is {state}, not running"
+                )));
+            }
+            let mut resume: BTreeMap<u32, ResumePoint> = match row.resume_from.clone() {
+                Some(v) => from_json("jobs", &row.id, v)?,
+                None => BTreeMap::new(),
+            };
+            for d in replicas {
+                let released = allocation::Entity::update_many()
+                    .col_expr(allocation::Column::ReleasedAt, Expr::value(Some(now)))
+                    .filter(allocation::Column::JobId.eq(row.id.clone()))
+                    .filter(
+                        allocation::Column::Replica
+                            .eq(i32::try_from(d.replica).unwrap_or(i32::MAX)),
+                    )
+                    .filter(
+                        allocation::Column::Attempt
+                            .eq(i32::try_from(d.attempt).unwrap_or(i32::MAX)),
+                    )
+                    .filter(allocation::Column::ReleasedAt.is_null())
+                    .exec(&txn)
+                    .await?;
+                if released.rows_affected != 1 {
+                    return Err(StoreError::Conflict(format!(
+                        "replica {} of job {job_id} (attempt {}) holds no allocation",
+                        d.replica, d.attempt
+                    )));
+                }
+                match &d.resume_from {
+                    Some(p) => resume.insert(d.replica, p.clone()),
+                    None => resume.remove(&d.replica),
+                };
+            }
+            let resume_json =
+                serde_json::to_value(&resume).map_err(|e| StoreError::Conflict(e.to_string()))?;
+            job::Entity::update_many()
+                .col_expr(job::Column::ResumeFrom, Expr::value(Some(resume_json)))
+                .col_expr(
+                    job::Column::LostGpuSeconds,
+                    Expr::value(row.lost_gpu_seconds + lost_gpu_seconds),
+                )
+                .filter(job::Column::Id.eq(row.id.clone()))
+                .exec(&txn)
+                .await?;
+            let row = reload(&txn, job_id).await?;
+            let data = json!({
+                "replicas": replicas.iter().map(|d| json!({
+                    "replica": d.replica, "attempt": d.attempt, "resume_from": d.resume_from,
+                })).collect::<Vec<_>>(),
+                "lost_gpu_seconds": lost_gpu_seconds,
+            });
+            job_note_in(&txn, row, "replicas_lost", reason, data, now).await?;
             txn.commit().await?;
             Ok(())
         })

@@ -16,10 +16,10 @@ use sea_orm::{
 };
 use serde_json::json;
 use spotplane_core::job::JobSpec;
-use spotplane_core::{JobId, JobState, MigLayout, NodeId, NodeState};
+use spotplane_core::{Cloud, JobId, JobState, MigLayout, NodeId, NodeState};
 
 use super::entity::{allocation, checkpoint, gpu, job, node, outbox, team};
-use super::jobs::job_event_in;
+use super::jobs::{job_event_in, job_note_in};
 use super::{Store, StoreError, from_json, new_uuid, parse_col};
 use crate::scheduler::{
     Assigned, GpuSnap, NodeSnap, Placement, PreemptionReason, QueuedJob, RunningJob, Snapshot,
@@ -217,6 +217,10 @@ impl Store {
             }
         }
 
+        let where_is: HashMap<NodeId, (Cloud, &str)> = snap_nodes
+            .iter()
+            .map(|n| (n.id, (n.cloud, n.region.as_str())))
+            .collect();
         let mut running = Vec::new();
         let mut queued = Vec::new();
         for (id, state, priority, updated_at, reason) in rows {
@@ -248,6 +252,31 @@ impl Store {
                         replica: u32::try_from(a.replica).unwrap_or(0),
                         node: parse_col("allocations", &a.id, &a.node_id)?,
                         assigned: assigned_from_row(&a)?,
+                    });
+                }
+                // An elastic gang running short of replicas (some left with their nodes) asks
+                // for the missing ones, ahead of its priority peers and near its survivors.
+                let holding = u32::try_from(placements.len()).unwrap_or(u32::MAX);
+                if spec.elastic && state == JobState::Running && holding < spec.replicas {
+                    let places: std::collections::BTreeSet<(Cloud, &str)> = placements
+                        .iter()
+                        .filter_map(|p| where_is.get(&p.node).copied())
+                        .collect();
+                    let (clouds, regions) = match places.first() {
+                        Some((c, r)) if places.len() == 1 => (vec![*c], vec![(*r).to_owned()]),
+                        _ => (spec.clouds.clone(), spec.regions.clone()),
+                    };
+                    queued.push(QueuedJob {
+                        id: *jid,
+                        team: team.clone(),
+                        priority,
+                        requeued: true,
+                        nominated: false,
+                        replicas: spec.replicas - holding,
+                        shape: spec.replica_shape(),
+                        clouds,
+                        regions,
+                        spot: spec.spot,
                     });
                 }
                 running.push(RunningJob {
@@ -301,12 +330,41 @@ impl Store {
                 .await?
                 .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
             let from: JobState = parse_col("jobs", &row.id, &row.state)?;
-            if from != JobState::Queued {
+            let spec: JobSpec = from_json("jobs", &row.id, row.spec.clone())?;
+            // A running elastic gang short of replicas gets the missing ones, in replica order;
+            // anything else must be queued.
+            let refill = from == JobState::Running && spec.elastic;
+            if from != JobState::Queued && !refill {
                 return Err(StoreError::Conflict(format!(
                     "job {id} is {from}, not queued"
                 )));
             }
-            let spec: JobSpec = from_json("jobs", &row.id, row.spec.clone())?;
+            let mut replicas: Vec<u32> = placements.iter().map(|p| p.replica).collect();
+            if refill {
+                let held: std::collections::HashSet<i32> = allocation::Entity::find()
+                    .filter(allocation::Column::JobId.eq(row.id.clone()))
+                    .filter(allocation::Column::ReleasedAt.is_null())
+                    .all(&txn)
+                    .await?
+                    .into_iter()
+                    .map(|a| a.replica)
+                    .collect();
+                let missing: Vec<u32> = (0..spec.replicas)
+                    .filter(|r| !held.contains(&i32::try_from(*r).unwrap_or(i32::MAX)))
+                    .collect();
+                if missing.len() != placements.len() {
+                    return Err(StoreError::Conflict(format!(
+                        "job {id} misses {} replicas, not {}",
+                        missing.len(),
+                        placements.len()
+                    )));
+                }
+                let mut order: Vec<usize> = (0..placements.len()).collect();
+                order.sort_by_key(|&i| placements[i].replica);
+                for (k, i) in order.into_iter().enumerate() {
+                    replicas[i] = missing[k];
+                }
+            }
             // Each admission is a new attempt: its replicas, commands and checkpoints carry it.
             let attempt = row.attempt + 1;
             job::Entity::update_many()
@@ -314,12 +372,12 @@ impl Store {
                 .filter(job::Column::Id.eq(row.id.clone()))
                 .exec(&txn)
                 .await?;
-            for p in placements {
+            for (p, &replica) in placements.iter().zip(&replicas) {
                 let (gpu_indices, mig, gpu_milli) = assigned_to_json(&p.assigned);
                 allocation::ActiveModel {
                     id: Set(new_uuid(now).to_string()),
                     job_id: Set(row.id.clone()),
-                    replica: Set(p.replica as i32),
+                    replica: Set(i32::try_from(replica).unwrap_or(i32::MAX)),
                     attempt: Set(attempt),
                     node_id: Set(p.node.to_string()),
                     gpu_indices: Set(gpu_indices),
@@ -339,7 +397,25 @@ impl Store {
             }
             let nodes: Vec<String> = placements.iter().map(|p| p.node.to_string()).collect();
             let reason = format!("placed on {}", dedup(nodes).join(", "));
-            job_event_in(&txn, row, JobState::Admitted, Some(reason), None, now).await?;
+            if refill {
+                let row = job::Entity::find_by_id(id.to_string())
+                    .one(&txn)
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
+                let text = format!(
+                    "replica{} {} {reason}",
+                    if replicas.len() == 1 { "" } else { "s" },
+                    replicas
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                let data = json!({"replicas": replicas, "attempt": attempt});
+                job_note_in(&txn, row, "replicas_placed", &text, data, now).await?;
+            } else {
+                job_event_in(&txn, row, JobState::Admitted, Some(reason), None, now).await?;
+            }
             txn.commit().await?;
             Ok(())
         })

@@ -79,7 +79,8 @@ impl EventType {
 
     /// The webhook an outbox event makes, if any. Job events map by the state reached: a run
     /// that starts again after a preemption (`attempt` above 1) is `job.resumed`; `draining`
-    /// (asked to checkpoint and leave) and `lost` are both `job.preempted`. A node's notice is
+    /// (asked to checkpoint and leave), `lost` and an elastic gang's `replicas_lost` are all
+    /// `job.preempted`. A node's notice is
     /// its move to `draining` (or an explicit `node.notice`).
     pub fn of_outbox(kind: &str, payload: &Value) -> Option<EventType> {
         Some(match kind {
@@ -93,7 +94,8 @@ impl EventType {
                     EventType::JobRunning
                 }
             }
-            "job.draining" | "job.lost" => EventType::JobPreempted,
+            // (`job.replicas_lost`: an elastic gang lost some replicas and runs on.)
+            "job.draining" | "job.lost" | "job.replicas_lost" => EventType::JobPreempted,
             "job.checkpointed" => EventType::JobCheckpointed,
             "job.succeeded" => EventType::JobSucceeded,
             "job.failed" => EventType::JobFailed,
