@@ -158,6 +158,83 @@ pub fn parse_gpu_instances(text: &str) -> Vec<GpuInstance> {
     out
 }
 
+/// A GPU instance profile as the driver describes it (`nvidia-smi mig -lgip`, `-lgipp`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileGeometry {
+    pub gpu: u32,
+    /// `1g.18gb`; media-extension variants keep their suffix (`1g.18gb+me`).
+    pub name: String,
+    pub id: u32,
+    /// Usable memory in MiB (below the name's label).
+    pub memory_mib: u64,
+    pub sms: u32,
+    /// Memory-slice indices an instance may start at, and how many slices it takes.
+    pub starts: Vec<u8>,
+    pub size: u8,
+}
+
+/// Parses `nvidia-smi mig -lgip` (profiles) and `nvidia-smi mig -lgipp` (their placements),
+/// which the driver answers whether or not MIG is on:
+/// ```text
+/// |   0  MIG 1g.18gb         19     7/7        16.00      No     16     1     0   |
+/// GPU  0 Profile ID 19 Placements: {0,1,2,3,4,5,6}:1
+/// GPU  0 Profile ID  5 Placement : {0}:4
+/// ```
+pub fn parse_profile_geometry(lgip: &str, lgipp: &str) -> Vec<ProfileGeometry> {
+    let mut placements: Vec<(u32, u32, Vec<u8>, u8)> = Vec::new();
+    for line in lgipp.lines() {
+        let parsed = (|| {
+            let (head, tail) = line.split_once(':')?;
+            let f: Vec<&str> = head.split_whitespace().collect();
+            // GPU, n, Profile, ID, id, Placement(s)
+            if f.len() < 5 || f[0] != "GPU" || f[2] != "Profile" {
+                return None;
+            }
+            let (set, size) = tail.trim().rsplit_once(':')?;
+            let starts = set
+                .trim_matches(|c| c == '{' || c == '}')
+                .split(',')
+                .map(|s| s.trim().parse().ok())
+                .collect::<Option<Vec<u8>>>()?;
+            Some((
+                f[1].parse().ok()?,
+                f[4].parse().ok()?,
+                starts,
+                size.trim().parse().ok()?,
+            ))
+        })();
+        placements.extend(parsed);
+    }
+    let mut out = Vec::new();
+    for line in lgip.lines() {
+        let f: Vec<&str> = line.trim().trim_matches('|').split_whitespace().collect();
+        // GPU, "MIG", name, id, free/total, memory GiB, P2P, SM, DEC, ENC
+        if f.len() < 8 || f[1] != "MIG" {
+            continue;
+        }
+        let parsed = (|| {
+            let gpu: u32 = f[0].parse().ok()?;
+            let id: u32 = f[3].parse().ok()?;
+            let gib: f64 = f[5].parse().ok()?;
+            let (_, _, starts, size) = placements
+                .iter()
+                .find(|(g, i, _, _)| *g == gpu && *i == id)?
+                .clone();
+            Some(ProfileGeometry {
+                gpu,
+                name: f[2].to_owned(),
+                id,
+                memory_mib: (gib * 1024.0).round() as u64,
+                sms: f[7].parse().ok()?,
+                starts,
+                size,
+            })
+        })();
+        out.extend(parsed);
+    }
+    out
+}
+
 /// Joins MIG devices to their GPUs. Placements come from `mig -lgi`, matched by GPU and
 /// profile in listing order (both commands list instances in the same order).
 pub fn attach_mig(gpus: &mut [GpuInfo], devices: Vec<ListedMigDevice>, placements: &[GpuInstance]) {
@@ -246,6 +323,48 @@ mod tests {
         assert_eq!(starts, [("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2)]);
         assert_eq!(gpus[0].mig_devices[0].uuid, "MIG-aaaa");
         assert!(gpus[1].mig_devices.is_empty());
+    }
+
+    /// What a real H200's driver says of its MIG profiles (captured by scripts/gpu-check on a
+    /// lent GPU machine) is what spotplane schedules on: names, start slots, sizes, SMs and
+    /// usable memory.
+    #[test]
+    fn the_h200_driver_agrees_with_the_geometry_spotplane_schedules_on() {
+        use spotplane_core::mig::{profile_name, sm_count, usable_memory_mib};
+        use spotplane_core::{GpuModel, MigClass};
+        let text = include_str!("../tests/fixtures/h200-driver-580.txt");
+        let section = |cmd: &str| {
+            text.split("### ")
+                .find(|s| s.starts_with(cmd))
+                .map(|s| s[cmd.len()..].to_owned())
+                .unwrap_or_default()
+        };
+        let geometry = parse_profile_geometry(
+            &section("nvidia-smi mig -lgip\n"),
+            &section("nvidia-smi mig -lgipp\n"),
+        );
+        assert_eq!(
+            geometry.len(),
+            7,
+            "six classes and 1g.18gb+me: {geometry:?}"
+        );
+        let model = GpuModel::H200_141GB;
+        for class in MigClass::ALL {
+            let name = profile_name(model, class).expect("H200 has MIG");
+            let g = geometry
+                .iter()
+                .find(|g| g.name == name)
+                .unwrap_or_else(|| panic!("{name} in {geometry:?}"));
+            assert_eq!(g.starts, class.allowed_starts(), "{name}");
+            assert_eq!(g.size, class.memory_slices(), "{name}");
+            assert_eq!(Some(g.sms), sm_count(model, class).map(u32::from), "{name}");
+            assert_eq!(
+                Some(g.memory_mib),
+                usable_memory_mib(model, class).map(u64::from),
+                "{name}"
+            );
+        }
+        assert!(parse_profile_geometry("garbage", "GPU x Profile").is_empty());
     }
 
     #[test]

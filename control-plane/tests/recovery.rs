@@ -4,7 +4,8 @@
 //! notice, the gang checkpoints and is requeued with its resume points, restarts on other nodes
 //! from them (a new attempt: `job.resumed`), loses a node without notice (lost work recorded,
 //! back to the periodic round), fails and backs off, and finally succeeds; a replica nobody
-//! wants any more is stopped; a node whose agent goes silent is retired.
+//! wants any more is stopped; a node whose agent goes silent is retired. An elastic gang keeps
+//! its survivors through a notice and a loss while only the departing replicas are placed again.
 
 mod common;
 
@@ -32,7 +33,10 @@ use spotplane_core::{
 };
 use spotplane_providers::clock::{Clock, ManualClock};
 
-on_both_databases!(a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes);
+on_both_databases!(
+    a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes,
+    an_elastic_gang_runs_on_while_its_lost_replicas_are_placed_again,
+);
 
 /// What an agent runs: (job, replica) -> (attempt, phase, exit code).
 type Replicas = BTreeMap<(JobId, u32), (u32, ReplicaPhase, Option<i32>)>;
@@ -273,7 +277,7 @@ impl World {
     }
 }
 
-async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Backend) {
+async fn world(backend: Backend) -> (TestDb, World, String) {
     let db = TestDb::new(backend);
     let store = Store::connect(&db.config.database, Metrics::new())
         .await
@@ -316,6 +320,11 @@ async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Bac
         )
         .await
         .expect("team");
+    (db, w, team.id)
+}
+
+async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Backend) {
+    let (db, mut w, team_id) = world(backend).await;
     let a = w.node("a").await;
     let b = w.node("b").await;
 
@@ -339,7 +348,7 @@ async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Bac
         .submit_job(
             NewJob {
                 id,
-                team_id: team.id.clone(),
+                team_id: team_id.clone(),
                 team: "research".parse().expect("team"),
                 spec,
                 idempotency: None,
@@ -526,7 +535,7 @@ async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Bac
         .submit_job(
             NewJob {
                 id: short,
-                team_id: team.id.clone(),
+                team_id: team_id.clone(),
                 team: "research".parse().expect("team"),
                 spec,
                 idempotency: None,
@@ -564,4 +573,159 @@ impl World {
         r.1 = ReplicaPhase::Exited;
         r.2 = Some(code);
     }
+}
+
+async fn an_elastic_gang_runs_on_while_its_lost_replicas_are_placed_again(backend: Backend) {
+    let (db, mut w, team_id) = world(backend).await;
+    let a = w.node("a").await;
+    let b = w.node("b").await;
+    let c = w.node("c").await;
+    let mut spec = JobSpec::new(
+        "elastic",
+        GpuShape::Whole {
+            gpus: 1,
+            models: vec![],
+        },
+        vec!["train".into()],
+    );
+    spec.replicas = 3;
+    spec.elastic = true;
+    spec.checkpoint = Some(CheckpointSpec {
+        uri: "file:///tmp/ckpt".into(),
+        interval_s: 600,
+    });
+    let id = JobId(uuid::Uuid::now_v7());
+    w.store
+        .submit_job(
+            NewJob {
+                id,
+                team_id: team_id.clone(),
+                team: "research".parse().expect("team"),
+                spec,
+                idempotency: None,
+            },
+            w.now(),
+        )
+        .await
+        .expect("submit");
+    w.rounds(4, Duration::seconds(5)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.attempt), (JobState::Running, 1), "{j:?}");
+    w.clock.advance(Duration::seconds(600));
+    w.rounds(2, Duration::seconds(5)).await;
+    assert_eq!(w.store.job_checkpoints(id).await.expect("ckpts").len(), 3);
+    let replica_on = |w: &World, n: NodeId| {
+        w.agents[&n]
+            .iter()
+            .find(|((j, _), (_, phase, _))| *j == id && *phase == ReplicaPhase::Running)
+            .map(|((_, r), (attempt, _, _))| (*r, *attempt))
+    };
+    let (on_c, _) = replica_on(&w, c).expect("a replica on c");
+
+    // Node c gets its notice: only its replica checkpoints; the others are not even asked.
+    w.clock.advance(Duration::seconds(30));
+    w.notices.insert(
+        c,
+        TerminationNotice {
+            source: NoticeSource::AwsInstanceAction,
+            action: "terminate".into(),
+            deadline: Some(w.now() + Duration::seconds(120)),
+            observed_at: w.now(),
+            event_id: None,
+        },
+    );
+    w.rounds(1, Duration::seconds(2)).await;
+    assert_eq!(w.job(id).await.state, JobState::Running);
+    assert_eq!(w.store.job_checkpoints(id).await.expect("ckpts").len(), 3);
+    let window = CheckpointId::from_uuid(uuid::Uuid::now_v7());
+    w.checkpoint(
+        c,
+        id,
+        on_c,
+        1,
+        window,
+        "file:///tmp/ckpt",
+        CheckpointTrigger::Notice,
+    )
+    .await;
+    // It leaves with that checkpoint; node d arrives and takes it, as a new attempt.
+    w.rounds(1, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!(j.state, JobState::Running, "{j:?}");
+    assert_eq!(j.lost_gpu_seconds, 0);
+    assert_eq!(
+        j.resume_from.get(&on_c).map(|p| p.checkpoint_id),
+        Some(window)
+    );
+    let d = w.node("d").await;
+    w.rounds(4, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.attempt), (JobState::Running, 2), "{j:?}");
+    assert_eq!(replica_on(&w, d), Some((on_c, 2)), "{:?}", w.agents[&d]);
+    assert_eq!(
+        w.agents[&c][&(id, on_c)].1,
+        ReplicaPhase::Exited,
+        "the departed replica was stopped"
+    );
+    for n in [a, b] {
+        assert_eq!(
+            replica_on(&w, n).map(|(_, attempt)| attempt),
+            Some(1),
+            "the survivors ran on, never restarted"
+        );
+    }
+    let events: Vec<String> = w
+        .store
+        .job_events(id, None, None, 100)
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    for kind in ["job.replicas_lost", "job.replicas_placed"] {
+        assert!(events.iter().any(|e| e == kind), "{kind} in {events:?}");
+    }
+    assert!(
+        !events
+            .iter()
+            .any(|e| e == "job.draining" || e == "job.lost"),
+        "{events:?}"
+    );
+
+    // Node b vanishes without notice five minutes after a periodic round: one replica's work
+    // since that round is lost, the others run on.
+    w.clock.advance(Duration::seconds(600));
+    w.rounds(2, Duration::seconds(5)).await;
+    w.clock.advance(Duration::seconds(300));
+    let (on_b, _) = replica_on(&w, b).expect("a replica on b");
+    w.store
+        .transition_node(b, NodeState::Terminated, Some("gone".into()), w.now())
+        .await
+        .expect("terminated");
+    w.agents.remove(&b);
+    let e = w.node("e").await;
+    w.rounds(4, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.attempt), (JobState::Running, 3), "{j:?}");
+    assert!(
+        (295..=330).contains(&j.lost_gpu_seconds),
+        "one replica's ~300 s lost: {}",
+        j.lost_gpu_seconds
+    );
+    assert_eq!(replica_on(&w, e), Some((on_b, 3)));
+    assert_eq!(replica_on(&w, a).map(|(_, attempt)| attempt), Some(1));
+
+    // Every replica finishes: the job has succeeded.
+    for r in w.agents.values_mut() {
+        for ((job, _), (_, phase, code)) in r.iter_mut() {
+            if *job == id && *phase == ReplicaPhase::Running {
+                *phase = ReplicaPhase::Exited;
+                *code = Some(0);
+            }
+        }
+    }
+    w.rounds(2, Duration::seconds(1)).await;
+    assert_eq!(w.job(id).await.state, JobState::Succeeded);
+    db.cleanup().await;
 }

@@ -158,23 +158,33 @@ pub fn profile_name(model: GpuModel, class: MigClass) -> Option<&'static str> {
     profile_names(model).map(|names| names[class.index()])
 }
 
-/// Streaming multiprocessors of an instance, where NVIDIA documents them (A100 and H100 SXM).
+/// Streaming multiprocessors of an instance, where NVIDIA documents them (A100, H100 SXM) or
+/// a driver was seen to report them (H200: `nvidia-smi mig -lgip`, driver 580).
 pub fn sm_count(model: GpuModel, class: MigClass) -> Option<u16> {
     let table: [u16; 6] = match model {
         GpuModel::A100_40GB | GpuModel::A100_80GB => [14, 14, 28, 42, 56, 98],
-        GpuModel::H100_80GB => [16, 26, 32, 60, 64, 132],
+        GpuModel::H100_80GB | GpuModel::H200_141GB => [16, 26, 32, 60, 64, 132],
         _ => return None,
     };
     Some(table[class.index()])
 }
 
-/// Memory an instance really offers in MiB: NVIDIA's figures where documented (H100), else
-/// the label. NVML's report from the node agent overrides both once a node has registered.
+/// Memory an instance really offers in MiB: NVIDIA's figures where documented (H100) or a
+/// driver was seen to report them (H200), else the label. NVML's report from the node agent
+/// overrides these once a node has registered.
 pub fn usable_memory_mib(model: GpuModel, class: MigClass) -> Option<u32> {
-    if model == GpuModel::H100_80GB {
-        // 9.75, 19.62, 19.62, 39.50, 39.50, 79.25 GiB
-        let mib = [9_984, 20_090, 20_090, 40_448, 40_448, 81_152];
-        return Some(mib[class.index()]);
+    match model {
+        GpuModel::H100_80GB => {
+            // 9.75, 19.62, 19.62, 39.50, 39.50, 79.25 GiB
+            let mib = [9_984, 20_090, 20_090, 40_448, 40_448, 81_152];
+            return Some(mib[class.index()]);
+        }
+        GpuModel::H200_141GB => {
+            // 16.00, 32.50, 32.50, 69.75, 69.75, 140.00 GiB (`nvidia-smi mig -lgip`, driver 580)
+            let mib = [16_384, 33_280, 33_280, 71_424, 71_424, 143_360];
+            return Some(mib[class.index()]);
+        }
+        _ => {}
     }
     let name = profile_name(model, class)?;
     let gb: u32 = name

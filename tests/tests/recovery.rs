@@ -11,8 +11,10 @@
 //! - The control plane SIGKILLed while a node drains, then restarted: the job still finishes.
 //! - A four-replica gang on four nodes loses one: the whole gang restarts, every replica from
 //!   its checkpoint of the same round, and every replica finishes at the right step.
+//! - The same gang, elastic: only the lost replica runs again (from its own checkpoint, a new
+//!   attempt); the three survivors run on to the end without restarting.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -294,6 +296,34 @@ impl Cluster {
             .collect()
     }
 
+    /// The replica each node runs: replica -> (node, cloud, instance).
+    async fn replica_nodes(&self, job: &str) -> BTreeMap<u64, (String, String, String)> {
+        let (_, o) = self.call(reqwest::Method::GET, "/v1/overview", None).await;
+        let nodes = o["nodes"].as_array().cloned().unwrap_or_default();
+        o["replicas"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r["job_id"] == job)
+            .filter_map(|r| {
+                let n = nodes.iter().find(|n| n["id"] == r["node_id"])?;
+                Some((
+                    r["replica"].as_u64()?,
+                    (
+                        n["id"].as_str()?.to_owned(),
+                        n["cloud"].as_str()?.to_owned(),
+                        n["provider_instance_id"]
+                            .as_str()?
+                            .rsplit('/')
+                            .next()?
+                            .to_owned(),
+                    ),
+                ))
+            })
+            .collect()
+    }
+
     async fn until<T>(&self, what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < deadline {
@@ -333,12 +363,24 @@ impl Cluster {
     }
 
     async fn submit_gang(&self, name: &str, replicas: u32, steps: u32, interval_s: u32) -> String {
+        self.submit_gang_as(name, replicas, steps, interval_s, false)
+            .await
+    }
+
+    async fn submit_gang_as(
+        &self,
+        name: &str,
+        replicas: u32,
+        steps: u32,
+        interval_s: u32,
+        elastic: bool,
+    ) -> String {
         let (s, v) = self
             .call(
                 reqwest::Method::POST,
                 "/v1/jobs",
                 Some(json!({
-                    "name": name, "team": "ml", "replicas": replicas,
+                    "name": name, "team": "ml", "replicas": replicas, "elastic": elastic,
                     "shape": {"gpus": 1},
                     "command": [bin("spotplane-example-train")],
                     "env": {"TRAIN_STEPS": steps.to_string(), "TRAIN_STEP_MS": "50", "TRAIN_WEIGHTS_BYTES": "65536"},
@@ -651,6 +693,66 @@ async fn a_four_replica_gang_losing_one_node_restarts_whole_from_one_round(db: D
     c.stop().await;
 }
 
+async fn an_elastic_gang_losing_one_node_keeps_its_survivors(db: Db) {
+    let c = setup_with(db, true).await;
+    let job = c.submit_gang_as("elastic", 4, 500, 30, true).await;
+    running(&c, &job, 1).await;
+    let placed = c.replica_nodes(&job).await;
+    assert_eq!(placed.len(), 4, "{placed:?}");
+    c.until("a checkpoint of every replica", 90, async || {
+        let (_, v) = c
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/jobs/{job}/checkpoints"),
+                None,
+            )
+            .await;
+        let replicas: HashSet<u64> = v["items"]
+            .as_array()?
+            .iter()
+            .filter(|c| c["state"] == "complete")
+            .filter_map(|c| c["replica"].as_u64())
+            .collect();
+        (replicas.len() == 4).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Replica 1's node vanishes, its agent and workload with it.
+    let (node, cloud, instance) = placed[&1].clone();
+    c.vanish(&node, &cloud, &instance).await;
+    // It alone is placed again (a new attempt of that replica); the job never left `running`.
+    let j = c
+        .until("replica 1 placed again", 150, async || {
+            let j = c.job(&job).await;
+            assert_eq!(j["state"], "running", "{j}");
+            let now = c.replica_nodes(&job).await;
+            (j["attempt"] == 2 && now.get(&1).is_some_and(|(n, _, _)| *n != node)).then_some(j)
+        })
+        .await;
+    assert!(j["lost_gpu_seconds"].as_i64().unwrap_or(0) > 0, "{j}");
+    let j = succeeded(&c, &job).await;
+    for r in 0..4 {
+        let outputs = c.replica_outputs(&job, r);
+        let attempts: Vec<u32> = outputs.iter().map(|(a, _)| *a).collect();
+        let last = &outputs.last().expect("ran").1;
+        assert_eq!(
+            step_of(last, "done step="),
+            Some(500),
+            "replica {r}: {last}"
+        );
+        if r == 1 {
+            assert_eq!(attempts, [1, 2], "replica 1 ran twice");
+            assert!(
+                step_of(last, "resumed step=").is_some_and(|s| s > 0),
+                "replica 1 resumed from its checkpoint: {last}"
+            );
+        } else {
+            assert_eq!(attempts, [1], "replica {r} ran on, never restarted: {j}");
+        }
+    }
+    c.stop().await;
+}
+
 macro_rules! on_both_databases {
     ($($name:ident),* $(,)?) => {
         $(
@@ -673,4 +775,5 @@ on_both_databases!(
     a_node_lost_without_notice_resumes_from_the_periodic_checkpoint,
     the_control_plane_killed_during_a_drain_still_finishes_the_job,
     a_four_replica_gang_losing_one_node_restarts_whole_from_one_round,
+    an_elastic_gang_losing_one_node_keeps_its_survivors,
 );
