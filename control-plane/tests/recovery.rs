@@ -293,7 +293,7 @@ async fn world(backend: Backend) -> (TestDb, World, String) {
         backoff_base: Duration::seconds(30),
         ..Settings::default()
     };
-    let mut w = World {
+    let w = World {
         sched: SchedulerLoop::new(store.clone(), shared.clone(), settings),
         recovery: RecoveryLoop::new(
             store.clone(),

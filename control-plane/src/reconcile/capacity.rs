@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
-use spotplane_core::{Market, NodeId, NodeState};
+use spotplane_core::{JobId, Market, NodeId, NodeState};
 use spotplane_providers::registry::Providers;
 use spotplane_providers::{
     CloudProvider, InstanceState, Offer, ProviderError, ProvisionRequest, tags,
@@ -199,13 +199,17 @@ impl CapacityLoop {
         let snap = self.store.scheduler_snapshot(&mut self.cache).await?;
         let reasons = self.store.queued_reasons().await?;
         let no_capacity = wait_text(WaitReason::NoCapacity);
+        // An elastic gang's missing replicas (its job is running, so it has no wait reason)
+        // are demand too: the scheduler places them on free capacity before any bought arrives.
+        let refills: std::collections::HashSet<JobId> = snap.running.iter().map(|r| r.id).collect();
         let demand: Vec<Demand> = snap
             .queued
             .iter()
             .filter(|q| {
-                reasons
-                    .get(&q.id)
-                    .is_some_and(|r| r.as_deref() == Some(no_capacity))
+                refills.contains(&q.id)
+                    || reasons
+                        .get(&q.id)
+                        .is_some_and(|r| r.as_deref() == Some(no_capacity))
             })
             .map(|q| {
                 let spec = self.cache.get(q.id);

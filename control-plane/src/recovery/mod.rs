@@ -712,7 +712,7 @@ fn plan_elastic_departures(
     for a in &j.allocs {
         let node = nodes.get(&a.node);
         let is_gone = gone(&a.node);
-        if !is_gone && !node.is_some_and(|n| n.state == NodeState::Draining) {
+        if !is_gone && node.is_none_or(|n| n.state != NodeState::Draining) {
             continue;
         }
         let since = node.and_then(|n| n.notice_seen_at.or(n.draining_since));
