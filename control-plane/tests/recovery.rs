@@ -323,41 +323,32 @@ async fn world(backend: Backend) -> (TestDb, World, String) {
     (db, w, team.id)
 }
 
-async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Backend) {
-    let (db, mut w, team_id) = world(backend).await;
-    let a = w.node("a").await;
-    let b = w.node("b").await;
-
+/// A gang of one-GPU replicas checkpointing every ten minutes.
+fn gang(name: &str, replicas: u32) -> JobSpec {
     let mut spec = JobSpec::new(
-        "gang",
+        name,
         GpuShape::Whole {
             gpus: 1,
             models: vec![],
         },
         vec!["train".into()],
     );
-    spec.replicas = 2;
-    spec.max_retries = Some(1);
+    spec.replicas = replicas;
     spec.checkpoint = Some(CheckpointSpec {
         uri: "file:///tmp/ckpt".into(),
         interval_s: 600,
     });
-    let id = JobId(uuid::Uuid::now_v7());
-    let submitted = w
-        .store
-        .submit_job(
-            NewJob {
-                id,
-                team_id: team_id.clone(),
-                team: "research".parse().expect("team"),
-                spec,
-                idempotency: None,
-            },
-            w.now(),
-        )
-        .await
-        .expect("submit");
-    assert!(matches!(submitted, SubmitOutcome::Created(_)));
+    spec
+}
+
+async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Backend) {
+    let (db, mut w, team_id) = world(backend).await;
+    let a = w.node("a").await;
+    let b = w.node("b").await;
+
+    let mut spec = gang("gang", 2);
+    spec.max_retries = Some(1);
+    let id = w.submit(&team_id, spec).await;
 
     // Placed on a and b, started on both, running.
     w.rounds(4, Duration::seconds(5)).await;
@@ -438,15 +429,7 @@ async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Bac
         !w.nodes_of(id).await.contains(&a),
         "not on the draining node"
     );
-    let events: Vec<String> = w
-        .store
-        .job_events(id, None, None, 100)
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
+    let events = w.event_kinds(id).await;
     for kind in [
         "job.queued",
         "job.admitted",
@@ -471,11 +454,7 @@ async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Bac
     w.clock.advance(Duration::seconds(600));
     w.rounds(2, Duration::seconds(5)).await;
     w.clock.advance(Duration::seconds(300));
-    w.store
-        .transition_node(c, NodeState::Terminated, Some("gone".into()), w.now())
-        .await
-        .expect("terminated");
-    w.agents.remove(&c);
+    w.vanish(c).await;
     let d = w.node("d").await;
     w.rounds(6, Duration::seconds(2)).await;
     let j = w.job(id).await;
@@ -530,20 +509,7 @@ async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Bac
         vec!["true".into()],
     );
     spec.checkpoint = None;
-    let short = JobId(uuid::Uuid::now_v7());
-    w.store
-        .submit_job(
-            NewJob {
-                id: short,
-                team_id: team_id.clone(),
-                team: "research".parse().expect("team"),
-                spec,
-                idempotency: None,
-            },
-            w.now(),
-        )
-        .await
-        .expect("submit");
+    let short = w.submit(&team_id, spec).await;
     w.rounds(5, Duration::seconds(2)).await;
     assert_eq!(w.job(short).await.state, JobState::Running);
     w.exit(short, 0, 0).await;
@@ -562,6 +528,48 @@ async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Bac
 }
 
 impl World {
+    /// The kinds of the job's history entries, oldest first.
+    async fn event_kinds(&self, id: JobId) -> Vec<String> {
+        self.store
+            .job_events(id, None, None, 100)
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .map(|e| e.kind)
+            .collect()
+    }
+
+    /// Queues a job of the team `research`.
+    async fn submit(&self, team_id: &str, spec: JobSpec) -> JobId {
+        let id = JobId(uuid::Uuid::now_v7());
+        let submitted = self
+            .store
+            .submit_job(
+                NewJob {
+                    id,
+                    team_id: team_id.to_owned(),
+                    team: "research".parse().expect("team"),
+                    spec,
+                    idempotency: None,
+                },
+                self.now(),
+            )
+            .await
+            .expect("submit");
+        assert!(matches!(submitted, SubmitOutcome::Created(_)));
+        id
+    }
+
+    /// The node is gone without notice, its agent with it.
+    async fn vanish(&mut self, node: NodeId) {
+        self.store
+            .transition_node(node, NodeState::Terminated, Some("gone".into()), self.now())
+            .await
+            .expect("terminated");
+        self.agents.remove(&node);
+    }
+
     /// The replica of the job's current attempt exits with `code`.
     async fn exit(&mut self, job: JobId, replica: u32, code: i32) {
         let attempt = self.job(job).await.attempt;
@@ -580,34 +588,9 @@ async fn an_elastic_gang_runs_on_while_its_lost_replicas_are_placed_again(backen
     let a = w.node("a").await;
     let b = w.node("b").await;
     let c = w.node("c").await;
-    let mut spec = JobSpec::new(
-        "elastic",
-        GpuShape::Whole {
-            gpus: 1,
-            models: vec![],
-        },
-        vec!["train".into()],
-    );
-    spec.replicas = 3;
+    let mut spec = gang("elastic", 3);
     spec.elastic = true;
-    spec.checkpoint = Some(CheckpointSpec {
-        uri: "file:///tmp/ckpt".into(),
-        interval_s: 600,
-    });
-    let id = JobId(uuid::Uuid::now_v7());
-    w.store
-        .submit_job(
-            NewJob {
-                id,
-                team_id: team_id.clone(),
-                team: "research".parse().expect("team"),
-                spec,
-                idempotency: None,
-            },
-            w.now(),
-        )
-        .await
-        .expect("submit");
+    let id = w.submit(&team_id, spec).await;
     w.rounds(4, Duration::seconds(5)).await;
     let j = w.job(id).await;
     assert_eq!((j.state, j.attempt), (JobState::Running, 1), "{j:?}");
@@ -674,15 +657,7 @@ async fn an_elastic_gang_runs_on_while_its_lost_replicas_are_placed_again(backen
             "the survivors ran on, never restarted"
         );
     }
-    let events: Vec<String> = w
-        .store
-        .job_events(id, None, None, 100)
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
+    let events = w.event_kinds(id).await;
     for kind in ["job.replicas_lost", "job.replicas_placed"] {
         assert!(events.iter().any(|e| e == kind), "{kind} in {events:?}");
     }
@@ -699,11 +674,7 @@ async fn an_elastic_gang_runs_on_while_its_lost_replicas_are_placed_again(backen
     w.rounds(2, Duration::seconds(5)).await;
     w.clock.advance(Duration::seconds(300));
     let (on_b, _) = replica_on(&w, b).expect("a replica on b");
-    w.store
-        .transition_node(b, NodeState::Terminated, Some("gone".into()), w.now())
-        .await
-        .expect("terminated");
-    w.agents.remove(&b);
+    w.vanish(b).await;
     let e = w.node("e").await;
     w.rounds(4, Duration::seconds(2)).await;
     let j = w.job(id).await;

@@ -271,29 +271,9 @@ impl Cluster {
             .1
     }
 
-    /// The nodes (id, cloud, instance) the job's replicas run on now.
+    /// The nodes (id, cloud, instance) the job's replicas run on now, in replica order.
     async fn placement(&self, job: &str) -> Vec<(String, String, String)> {
-        let (_, o) = self.call(reqwest::Method::GET, "/v1/overview", None).await;
-        let nodes = o["nodes"].as_array().cloned().unwrap_or_default();
-        o["replicas"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .iter()
-            .filter(|r| r["job_id"] == job)
-            .filter_map(|r| {
-                let n = nodes.iter().find(|n| n["id"] == r["node_id"])?;
-                Some((
-                    n["id"].as_str()?.to_owned(),
-                    n["cloud"].as_str()?.to_owned(),
-                    n["provider_instance_id"]
-                        .as_str()?
-                        .rsplit('/')
-                        .next()?
-                        .to_owned(),
-                ))
-            })
-            .collect()
+        self.replica_nodes(job).await.into_values().collect()
     }
 
     /// The replica each node runs: replica -> (node, cloud, instance).
@@ -322,6 +302,27 @@ impl Cluster {
                 ))
             })
             .collect()
+    }
+
+    /// Waits until each of the job's `replicas` has a complete checkpoint.
+    async fn every_replica_checkpointed(&self, job: &str, replicas: usize) {
+        self.until("a checkpoint of every replica", 90, async || {
+            let (_, v) = self
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/jobs/{job}/checkpoints"),
+                    None,
+                )
+                .await;
+            let done: HashSet<u64> = v["items"]
+                .as_array()?
+                .iter()
+                .filter(|c| c["state"] == "complete")
+                .filter_map(|c| c["replica"].as_u64())
+                .collect();
+            (done.len() == replicas).then_some(())
+        })
+        .await;
     }
 
     async fn until<T>(&self, what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
@@ -646,23 +647,7 @@ async fn a_four_replica_gang_losing_one_node_restarts_whole_from_one_round(db: D
     let nodes = c.placement(&job).await;
     let distinct: HashSet<&String> = nodes.iter().map(|(n, _, _)| n).collect();
     assert_eq!(distinct.len(), 4, "one replica per node: {nodes:?}");
-    c.until("a complete checkpoint round", 90, async || {
-        let (_, v) = c
-            .call(
-                reqwest::Method::GET,
-                &format!("/v1/jobs/{job}/checkpoints"),
-                None,
-            )
-            .await;
-        let replicas: HashSet<u64> = v["items"]
-            .as_array()?
-            .iter()
-            .filter(|c| c["state"] == "complete")
-            .filter_map(|c| c["replica"].as_u64())
-            .collect();
-        (replicas.len() == 4).then_some(())
-    })
-    .await;
+    c.every_replica_checkpointed(&job, 4).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // One node vanishes; its machine (agent and workload) with it.
     let (node, cloud, instance) = nodes[0].clone();
@@ -699,23 +684,7 @@ async fn an_elastic_gang_losing_one_node_keeps_its_survivors(db: Db) {
     running(&c, &job, 1).await;
     let placed = c.replica_nodes(&job).await;
     assert_eq!(placed.len(), 4, "{placed:?}");
-    c.until("a checkpoint of every replica", 90, async || {
-        let (_, v) = c
-            .call(
-                reqwest::Method::GET,
-                &format!("/v1/jobs/{job}/checkpoints"),
-                None,
-            )
-            .await;
-        let replicas: HashSet<u64> = v["items"]
-            .as_array()?
-            .iter()
-            .filter(|c| c["state"] == "complete")
-            .filter_map(|c| c["replica"].as_u64())
-            .collect();
-        (replicas.len() == 4).then_some(())
-    })
-    .await;
+    c.every_replica_checkpointed(&job, 4).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Replica 1's node vanishes, its agent and workload with it.
     let (node, cloud, instance) = placed[&1].clone();

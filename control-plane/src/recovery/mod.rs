@@ -440,16 +440,7 @@ fn plan_job(
             false
         }
         JobState::Admitted => {
-            for a in j.allocs.iter().filter(|a| a.started_at.is_none()) {
-                out.push(Action::Start {
-                    job: j.id,
-                    node: a.node,
-                    replica: a.replica,
-                    attempt: a.attempt,
-                    devices: a.devices.clone(),
-                    resume_from: j.resume_from.get(&a.replica).cloned(),
-                });
-            }
+            start_waiting(j, out);
             out.push(Action::Transition {
                 job: j.id,
                 from: JobState::Admitted,
@@ -555,16 +546,7 @@ fn plan_job(
             }
             // Replicas of an elastic job placed again while the others run.
             if j.state == JobState::Running {
-                for a in j.allocs.iter().filter(|a| a.started_at.is_none()) {
-                    out.push(Action::Start {
-                        job: j.id,
-                        node: a.node,
-                        replica: a.replica,
-                        attempt: a.attempt,
-                        devices: a.devices.clone(),
-                        resume_from: j.resume_from.get(&a.replica).cloned(),
-                    });
-                }
+                start_waiting(j, out);
             }
             if j.state == JobState::Starting
                 && j.allocs.iter().all(|a| {
@@ -690,6 +672,20 @@ fn plan_job(
             true
         }
         _ => true,
+    }
+}
+
+/// A `start` for every replica of the job not started yet, with its resume point.
+fn start_waiting(j: &JobView, out: &mut Vec<Action>) {
+    for a in j.allocs.iter().filter(|a| a.started_at.is_none()) {
+        out.push(Action::Start {
+            job: j.id,
+            node: a.node,
+            replica: a.replica,
+            attempt: a.attempt,
+            devices: a.devices.clone(),
+            resume_from: j.resume_from.get(&a.replica).cloned(),
+        });
     }
 }
 

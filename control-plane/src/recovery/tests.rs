@@ -609,6 +609,14 @@ fn elastic_gang(nodes: &[u128]) -> JobView {
     j
 }
 
+fn dropped(replica: u32, resume_from: Option<ResumePoint>) -> Dropped {
+    Dropped {
+        replica,
+        attempt: 1,
+        resume_from,
+    }
+}
+
 fn drops(a: &[Action]) -> Vec<(Vec<Dropped>, i64)> {
     a.iter()
         .filter_map(|a| match a {
@@ -636,14 +644,7 @@ fn an_elastic_gang_keeps_its_survivors_when_a_node_is_lost_without_notice() {
     // Replica 2 alone leaves, back to its own latest checkpoint; 300 s of one GPU lost.
     assert_eq!(
         drops(&out),
-        vec![(
-            vec![Dropped {
-                replica: 2,
-                attempt: 1,
-                resume_from: Some(point(1, 100)),
-            }],
-            300
-        )]
+        vec![(vec![dropped(2, Some(point(1, 100)))], 300)]
     );
     assert!(requeue(&out).is_none(), "{out:?}");
     assert!(
@@ -682,14 +683,7 @@ fn an_elastic_replica_on_a_noticed_node_leaves_with_its_window_checkpoint() {
     let out = plan(t(231), &snap(vec![j.clone()], nodes), &s);
     assert_eq!(
         drops(&out),
-        vec![(
-            vec![Dropped {
-                replica: 2,
-                attempt: 1,
-                resume_from: Some(point(9, 230)),
-            }],
-            0
-        )]
+        vec![(vec![dropped(2, Some(point(9, 230)))], 0)]
     );
     // A notice from the cloud's stream (the agent did not see it): the node is told to drain,
     // once; past the deadline without a checkpoint the replica falls back and work is lost.
@@ -709,14 +703,7 @@ fn an_elastic_replica_on_a_noticed_node_leaves_with_its_window_checkpoint() {
     let out = plan(t(400), &snap(vec![j], nodes), &s);
     assert_eq!(
         drops(&out),
-        vec![(
-            vec![Dropped {
-                replica: 2,
-                attempt: 1,
-                resume_from: Some(point(1, 100)),
-            }],
-            300
-        )]
+        vec![(vec![dropped(2, Some(point(1, 100)))], 300)]
     );
 }
 
