@@ -6,7 +6,8 @@
 //! `SPOTPLANE_CHECKPOINT_SIGNAL`) it writes `state.json` and `weights.bin` into
 //! `SPOTPLANE_CHECKPOINT_DIR`, then the marker `SPOTPLANE_CHECKPOINT_MARKER`; it does not touch
 //! the directory again until the agent removes the marker. With `SPOTPLANE_RESUME_DIR` set it
-//! starts from the step saved there. `SIGTERM` ends it with status 143.
+//! starts from the step saved there. `SIGTERM` ends it with status 143; started by an agent
+//! (`SPOTPLANE_JOB_ID` set), it ends with status 137 if the agent dies without stopping it.
 //!
 //! Settings (environment): `TRAIN_STEPS` (default 1,000,000), `TRAIN_STEP_MS` (default 100),
 //! `TRAIN_WEIGHTS_BYTES` (default 1 MiB). It prints one line per event on stdout:
@@ -109,12 +110,20 @@ async fn run() -> Result<u8, String> {
         Err(_) => 0,
     };
     let mut tick = tokio::time::interval(Duration::from_millis(step_ms.max(1)));
+    // Started by an agent, it ends when the agent does: an agent killed outright (its machine
+    // gone, in the tests) cannot stop it, and an orphan would train on unsupervised.
+    let supervised = std::env::var_os("SPOTPLANE_JOB_ID").is_some();
+    let parent = std::os::unix::process::parent_id();
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 if step >= steps {
                     println!("done step={step}");
                     return Ok(0);
+                }
+                if supervised && std::os::unix::process::parent_id() != parent {
+                    println!("orphaned step={step}: the agent is gone");
+                    return Ok(137);
                 }
                 step += 1;
             }
