@@ -35,6 +35,7 @@
 //! checkpoint with the GPU-seconds since recorded as lost); the others run on, the scheduler
 //! places the missing replicas again as a new attempt of those replicas, and they start here.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
@@ -284,8 +285,42 @@ pub enum Action {
     NodeLost { node: NodeId, reason: String },
 }
 
+/// What every job's rules look at in one round.
+struct Round<'a> {
+    now: DateTime<Utc>,
+    s: &'a Settings,
+    nodes: HashMap<NodeId, &'a NodeView>,
+    /// Nodes whose agent went silent this round.
+    silent: HashSet<NodeId>,
+    pending_checkpoint: HashSet<(JobId, u32)>,
+    pending_drain: HashSet<NodeId>,
+    /// Nodes sent a `drain` this round (one per node, whichever job asks first).
+    drains_sent: RefCell<HashSet<NodeId>>,
+}
+
+impl Round<'_> {
+    fn gone(&self, id: &NodeId) -> bool {
+        self.silent.contains(id)
+            || self
+                .nodes
+                .get(id)
+                .is_none_or(|n| matches!(n.state, NodeState::Terminating | NodeState::Terminated))
+    }
+
+    fn draining(&self, id: &NodeId) -> bool {
+        self.nodes
+            .get(id)
+            .is_some_and(|n| n.state == NodeState::Draining)
+    }
+
+    /// A drain command for a draining node whose agent did not see the notice, once.
+    fn drain(&self, node: NodeId, deadline: Option<DateTime<Utc>>) -> Option<Action> {
+        (!self.pending_drain.contains(&node) && self.drains_sent.borrow_mut().insert(node))
+            .then_some(Action::Drain { node, deadline })
+    }
+}
+
 pub fn plan(now: DateTime<Utc>, snap: &Snapshot, s: &Settings) -> Vec<Action> {
-    let nodes: HashMap<NodeId, &NodeView> = snap.nodes.iter().map(|n| (n.id, n)).collect();
     let mut out = Vec::new();
 
     // Nodes whose agent went silent.
@@ -305,53 +340,33 @@ pub fn plan(now: DateTime<Utc>, snap: &Snapshot, s: &Settings) -> Vec<Action> {
             });
         }
     }
-    let gone = |id: &NodeId| {
-        silent.contains(id)
-            || nodes
-                .get(id)
-                .is_none_or(|n| matches!(n.state, NodeState::Terminating | NodeState::Terminated))
+    let round = Round {
+        now,
+        s,
+        nodes: snap.nodes.iter().map(|n| (n.id, n)).collect(),
+        silent,
+        pending_checkpoint: snap
+            .pending
+            .iter()
+            .filter_map(|p| match p.kind {
+                PendingKind::Checkpoint { job, replica } => Some((job, replica)),
+                _ => None,
+            })
+            .collect(),
+        pending_drain: snap
+            .pending
+            .iter()
+            .filter(|p| p.kind == PendingKind::Drain)
+            .map(|p| p.node)
+            .collect(),
+        drains_sent: RefCell::default(),
     };
-    let draining = |id: &NodeId| {
-        nodes
-            .get(id)
-            .is_some_and(|n| n.state == NodeState::Draining)
-    };
-    let pending_checkpoint: HashSet<(JobId, u32)> = snap
-        .pending
-        .iter()
-        .filter_map(|p| match p.kind {
-            PendingKind::Checkpoint { job, replica } => Some((job, replica)),
-            _ => None,
-        })
-        .collect();
-    let pending_drain: HashSet<NodeId> = snap
-        .pending
-        .iter()
-        .filter(|p| p.kind == PendingKind::Drain)
-        .map(|p| p.node)
-        .collect();
-    let mut drains_sent: HashSet<NodeId> = HashSet::new();
 
     // Replicas the live jobs want, by (job, replica) -> (attempt, node).
     let mut wanted: HashMap<(JobId, u32), (u32, NodeId)> = HashMap::new();
 
     for j in &snap.jobs {
-        let keep = plan_job(
-            now,
-            j,
-            s,
-            &gone,
-            &draining,
-            &nodes,
-            &mut out,
-            |node, deadline| {
-                // A drain command for a draining node whose agent did not see the notice, once.
-                (!pending_drain.contains(&node) && drains_sent.insert(node))
-                    .then_some(Action::Drain { node, deadline })
-            },
-            &pending_checkpoint,
-        );
-        if keep {
+        if plan_job(&round, j, &mut out) {
             for a in &j.allocs {
                 wanted.insert((j.id, a.replica), (a.attempt, a.node));
             }
@@ -372,7 +387,7 @@ pub fn plan(now: DateTime<Utc>, snap: &Snapshot, s: &Settings) -> Vec<Action> {
         })
         .collect();
     for r in &snap.reported {
-        if r.phase == ReplicaPhase::Exited || gone(&r.node) {
+        if r.phase == ReplicaPhase::Exited || round.gone(&r.node) {
             continue;
         }
         let ok = wanted
@@ -393,26 +408,16 @@ pub fn plan(now: DateTime<Utc>, snap: &Snapshot, s: &Settings) -> Vec<Action> {
 }
 
 /// Plans one job; returns whether its current allocations stay wanted.
-#[allow(clippy::too_many_arguments)]
-fn plan_job(
-    now: DateTime<Utc>,
-    j: &JobView,
-    s: &Settings,
-    gone: &dyn Fn(&NodeId) -> bool,
-    draining: &dyn Fn(&NodeId) -> bool,
-    nodes: &HashMap<NodeId, &NodeView>,
-    out: &mut Vec<Action>,
-    mut drain: impl FnMut(NodeId, Option<DateTime<Utc>>) -> Option<Action>,
-    pending_checkpoint: &HashSet<(JobId, u32)>,
-) -> bool {
-    let any_gone = j.allocs.iter().any(|a| gone(&a.node));
+fn plan_job(r: &Round, j: &JobView, out: &mut Vec<Action>) -> bool {
+    let (now, s, nodes) = (r.now, r.s, &r.nodes);
+    let any_gone = j.allocs.iter().any(|a| r.gone(&a.node));
     let notice_deadline = j
         .allocs
         .iter()
-        .filter(|a| draining(&a.node))
+        .filter(|a| r.draining(&a.node))
         .filter_map(|a| nodes.get(&a.node).and_then(|n| n.notice_deadline))
         .min();
-    let any_draining = j.allocs.iter().any(|a| draining(&a.node));
+    let any_draining = j.allocs.iter().any(|a| r.draining(&a.node));
 
     // An elastic job with survivors lets only the leaving replicas go.
     if j.elastic
@@ -420,9 +425,9 @@ fn plan_job(
         && (any_gone || any_draining)
         && j.allocs
             .iter()
-            .any(|a| !gone(&a.node) && !draining(&a.node))
+            .any(|a| !r.gone(&a.node) && !r.draining(&a.node))
     {
-        plan_elastic_departures(now, j, s, gone, nodes, out, &mut drain);
+        plan_elastic_departures(r, j, out);
         return true;
     }
 
@@ -454,7 +459,7 @@ fn plan_job(
                 // Taken after a notice the agent saw: the checkpoints it made in the window
                 // count; collect them as a drain would.
                 let noticed = j.allocs.iter().any(|a| {
-                    gone(&a.node)
+                    r.gone(&a.node)
                         && nodes
                             .get(&a.node)
                             .is_some_and(|n| n.notice_seen_at.is_some())
@@ -469,17 +474,7 @@ fn plan_job(
                                 .into(),
                         ),
                     });
-                    drain_commands(
-                        now,
-                        j,
-                        s,
-                        gone,
-                        draining,
-                        nodes,
-                        out,
-                        &mut drain,
-                        pending_checkpoint,
-                    );
+                    drain_commands(r, j, out);
                     return true;
                 }
                 out.push(lost(now, j, s, "a node of the job was lost without notice"));
@@ -531,17 +526,7 @@ fn plan_job(
                         None => "a node of the job is draining; checkpointing".into(),
                     }),
                 });
-                drain_commands(
-                    now,
-                    j,
-                    s,
-                    gone,
-                    draining,
-                    nodes,
-                    out,
-                    &mut drain,
-                    pending_checkpoint,
-                );
+                drain_commands(r, j, out);
                 return true;
             }
             // Replicas of an elastic job placed again while the others run.
@@ -578,7 +563,7 @@ fn plan_job(
                 .max();
                 let busy = j.allocs.iter().any(|a| {
                     a.phase == Some(ReplicaPhase::Checkpointing)
-                        || pending_checkpoint.contains(&(j.id, a.replica))
+                        || r.pending_checkpoint.contains(&(j.id, a.replica))
                 });
                 if last.is_some_and(|t| now - t >= every) && !busy {
                     // (A replica placed again and not running yet joins the next round.)
@@ -646,7 +631,7 @@ fn plan_job(
             let hopeless = j
                 .allocs
                 .iter()
-                .any(|a| gone(&a.node) && !fresh.contains_key(&a.replica));
+                .any(|a| r.gone(&a.node) && !fresh.contains_key(&a.replica));
             if hopeless || expired {
                 out.push(lost(
                     now,
@@ -657,17 +642,7 @@ fn plan_job(
                 return false;
             }
             if !asked {
-                drain_commands(
-                    now,
-                    j,
-                    s,
-                    gone,
-                    draining,
-                    nodes,
-                    out,
-                    &mut drain,
-                    pending_checkpoint,
-                );
+                drain_commands(r, j, out);
             }
             true
         }
@@ -693,21 +668,14 @@ fn start_waiting(j: &JobView, out: &mut Vec<Action>) {
 /// begun after its node's notice, or when its node is gone (or the deadline passed) without
 /// one, falling back to its own latest checkpoint; until then a node whose agent did not see
 /// the notice is sent a `drain`. The other replicas are left alone.
-fn plan_elastic_departures(
-    now: DateTime<Utc>,
-    j: &JobView,
-    s: &Settings,
-    gone: &dyn Fn(&NodeId) -> bool,
-    nodes: &HashMap<NodeId, &NodeView>,
-    out: &mut Vec<Action>,
-    drain: &mut impl FnMut(NodeId, Option<DateTime<Utc>>) -> Option<Action>,
-) {
+fn plan_elastic_departures(r: &Round, j: &JobView, out: &mut Vec<Action>) {
+    let (now, s, nodes) = (r.now, r.s, &r.nodes);
     let mut dropped = Vec::new();
     let mut lost_total = 0;
     let mut why = Vec::new();
     for a in &j.allocs {
         let node = nodes.get(&a.node);
-        let is_gone = gone(&a.node);
+        let is_gone = r.gone(&a.node);
         if !is_gone && node.is_none_or(|n| n.state != NodeState::Draining) {
             continue;
         }
@@ -757,7 +725,7 @@ fn plan_elastic_departures(
                 resume_from: back.cloned(),
             });
         } else if node.is_some_and(|n| !n.agent_saw_notice)
-            && let Some(d) = drain(a.node, deadline)
+            && let Some(d) = r.drain(a.node, deadline)
         {
             out.push(d);
         }
@@ -799,36 +767,26 @@ fn replica_lost_since(
 /// The checkpoints a drain needs: replicas on a draining node checkpoint by themselves when
 /// their agent saw the notice, else their node is sent a `drain`; every other replica (of the
 /// gang elsewhere, or of a job the scheduler preempts) gets a `checkpoint` with the deadline.
-#[allow(clippy::too_many_arguments)]
-fn drain_commands(
-    now: DateTime<Utc>,
-    j: &JobView,
-    s: &Settings,
-    gone: &dyn Fn(&NodeId) -> bool,
-    draining: &dyn Fn(&NodeId) -> bool,
-    nodes: &HashMap<NodeId, &NodeView>,
-    out: &mut Vec<Action>,
-    drain: &mut impl FnMut(NodeId, Option<DateTime<Utc>>) -> Option<Action>,
-    pending_checkpoint: &HashSet<(JobId, u32)>,
-) {
+fn drain_commands(r: &Round, j: &JobView, out: &mut Vec<Action>) {
+    let (now, s, nodes) = (r.now, r.s, &r.nodes);
     let deadline = j
         .allocs
         .iter()
-        .filter(|a| draining(&a.node))
+        .filter(|a| r.draining(&a.node))
         .filter_map(|a| nodes.get(&a.node).and_then(|n| n.notice_deadline))
         .min()
         .unwrap_or_else(|| j.drain_started_at.unwrap_or(now) + s.preempt_window);
     for a in &j.allocs {
-        if gone(&a.node) {
+        if r.gone(&a.node) {
             continue;
         }
-        if draining(&a.node) {
+        if r.draining(&a.node) {
             if nodes.get(&a.node).is_some_and(|n| !n.agent_saw_notice)
-                && let Some(d) = drain(a.node, Some(deadline))
+                && let Some(d) = r.drain(a.node, Some(deadline))
             {
                 out.push(d);
             }
-        } else if !pending_checkpoint.contains(&(j.id, a.replica)) {
+        } else if !r.pending_checkpoint.contains(&(j.id, a.replica)) {
             out.push(Action::Checkpoint {
                 job: j.id,
                 node: a.node,
