@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use spotplane_core::mig::MigProfile;
 use spotplane_core::shape::GpuShape;
 use spotplane_core::team::{Quota, QuotaResource};
 use spotplane_core::{GpuModel, TeamName};
@@ -21,72 +22,73 @@ use super::snapshot::TeamSnap;
 /// A quantity of a flavour: milli-GPUs for `Gpu`, instances for `Mig`.
 pub type Amount = u64;
 
+/// Models are few and fixed: per-model figures live in arrays indexed by the enum.
+const MODELS: usize = GpuModel::ALL.len();
+
+/// A team's quota on one flavour, in the flavour's amount (milli-GPUs or instances).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    nominal: Amount,
+    borrowing: Option<Amount>,
+    lending: Option<Amount>,
+}
+
 #[derive(Debug, Clone)]
 pub struct TeamAccount {
     pub name: TeamName,
     pub weight: f64,
-    pub cohort: Option<String>,
     cohort_id: Option<usize>,
-    quotas: BTreeMap<QuotaResource, Quota>,
-    usage: FxHashMap<QuotaResource, Amount>,
-    gpu_milli: FxHashMap<GpuModel, u64>,
+    /// Per flavour slot (see [`Accounts::slot`]); `None`: no quota on it.
+    limits: Vec<Option<Limits>>,
+    /// Whether the team has any quota at all (a team without is limited by fair share only).
+    limited: bool,
+    /// Per flavour slot.
+    usage: Vec<Amount>,
+    gpu_milli: [u64; MODELS],
     cpu_milli: u64,
 }
 
 impl TeamAccount {
-    fn unlimited(&self) -> bool {
-        self.quotas.is_empty()
+    fn nominal(&self, slot: usize) -> Amount {
+        self.limits
+            .get(slot)
+            .copied()
+            .flatten()
+            .map_or(0, |l| l.nominal)
     }
 
-    fn scale(res: QuotaResource, v: u32) -> Amount {
-        match res {
-            QuotaResource::Gpu(_) => u64::from(v) * 1000,
-            QuotaResource::Mig(_) => u64::from(v),
-        }
+    fn usage(&self, slot: usize) -> Amount {
+        self.usage.get(slot).copied().unwrap_or(0)
     }
 
-    pub fn nominal(&self, res: QuotaResource) -> Amount {
-        self.quotas
-            .get(&res)
-            .map_or(0, |q| Self::scale(res, q.nominal))
-    }
-
-    pub fn usage(&self, res: QuotaResource) -> Amount {
-        self.usage.get(&res).copied().unwrap_or(0)
-    }
-
-    fn borrowed(&self, res: QuotaResource) -> Amount {
-        self.usage(res).saturating_sub(self.nominal(res))
+    fn borrowed(&self, slot: usize) -> Amount {
+        self.usage(slot).saturating_sub(self.nominal(slot))
     }
 
     /// What this team lends its cohort now: unused nominal, up to its lending limit.
-    fn lendable(&self, res: QuotaResource) -> Amount {
-        let Some(q) = self.quotas.get(&res) else {
+    fn lendable(&self, slot: usize) -> Amount {
+        let Some(l) = self.limits.get(slot).copied().flatten() else {
             return 0;
         };
-        let unused = self.nominal(res).saturating_sub(self.usage(res));
-        match q.lending_limit {
-            Some(l) => unused.min(Self::scale(res, l)),
-            None => unused,
-        }
-    }
-
-    /// Whether the team uses more of `res` than its nominal quota.
-    pub fn is_borrowing(&self, res: QuotaResource) -> bool {
-        !self.unlimited() && self.usage(res) > self.nominal(res)
+        let unused = l.nominal.saturating_sub(self.usage(slot));
+        l.lending.map_or(unused, |limit| unused.min(limit))
     }
 }
 
-/// Usage and quotas of every team, kept current through the cycle.
+/// Usage and quotas of every team, kept current through the cycle. Flavours are dense slots
+/// (GPU models by their enum, then the MIG profiles some quota names), so every question the
+/// scheduler asks per queued job is a few array reads.
 #[derive(Debug, Clone)]
 pub struct Accounts {
     pub teams: Vec<TeamAccount>,
     by_name: FxHashMap<TeamName, usize>,
-    gpu_capacity: FxHashMap<GpuModel, u64>,
+    gpu_capacity: [u64; MODELS],
     cpu_capacity: u64,
-    /// Per (cohort, flavour): what the members lend in all, and what they borrow in all,
-    /// kept current by `charge` so that `headroom` is O(1).
-    cohort_totals: FxHashMap<(usize, QuotaResource), (Amount, Amount)>,
+    /// MIG profiles with a quota somewhere; profile `k` is slot `MODELS + k`.
+    mig_profiles: Vec<MigProfile>,
+    /// Per cohort and flavour slot: what the members lend in all, and what they borrow in
+    /// all, kept current by `charge` so that `headroom` is O(1).
+    cohort_totals: Vec<Vec<(Amount, Amount)>>,
     cohorts: Vec<String>,
 }
 
@@ -96,45 +98,87 @@ impl Accounts {
         gpu_capacity: FxHashMap<GpuModel, u64>,
         cpu_capacity: u64,
     ) -> Self {
+        let mut mig_profiles: Vec<MigProfile> = Vec::new();
+        for t in teams {
+            for res in t.quotas.keys() {
+                if let QuotaResource::Mig(p) = res
+                    && !mig_profiles.contains(p)
+                {
+                    mig_profiles.push(*p);
+                }
+            }
+        }
+        let mut capacity = [0; MODELS];
+        for (m, cap) in gpu_capacity {
+            capacity[m as usize] = cap;
+        }
         let mut a = Accounts {
             teams: Vec::new(),
             by_name: FxHashMap::default(),
-            gpu_capacity,
+            gpu_capacity: capacity,
             cpu_capacity,
-            cohort_totals: FxHashMap::default(),
+            mig_profiles,
+            cohort_totals: Vec::new(),
             cohorts: Vec::new(),
         };
         for t in teams {
-            a.add(t.name.clone(), t.weight, t.cohort.clone(), t.quotas.clone());
+            a.add(t.name.clone(), t.weight, t.cohort.as_deref(), &t.quotas);
         }
         a
+    }
+
+    fn slots(&self) -> usize {
+        MODELS + self.mig_profiles.len()
+    }
+
+    /// The dense slot of a flavour; `None` for a MIG profile no quota names (nobody is
+    /// charged for it).
+    fn slot(&self, res: QuotaResource) -> Option<usize> {
+        match res {
+            QuotaResource::Gpu(m) => Some(m as usize),
+            QuotaResource::Mig(p) => self
+                .mig_profiles
+                .iter()
+                .position(|q| *q == p)
+                .map(|k| MODELS + k),
+        }
     }
 
     fn add(
         &mut self,
         name: TeamName,
         weight: f64,
-        cohort: Option<String>,
-        quotas: BTreeMap<QuotaResource, Quota>,
+        cohort: Option<&str>,
+        quotas: &BTreeMap<QuotaResource, Quota>,
     ) -> usize {
         let i = self.teams.len();
         self.by_name.insert(name.clone(), i);
-        let cohort_id = cohort
-            .as_ref()
-            .map(|c| match self.cohorts.iter().position(|x| x == c) {
-                Some(id) => id,
-                None => {
-                    self.cohorts.push(c.clone());
-                    self.cohorts.len() - 1
-                }
-            });
-        if let Some(c) = cohort_id {
-            for (res, q) in &quotas {
-                let lend = TeamAccount::scale(
-                    *res,
-                    q.lending_limit.map_or(q.nominal, |l| l.min(q.nominal)),
-                );
-                self.cohort_totals.entry((c, *res)).or_insert((0, 0)).0 += lend;
+        let slots = self.slots();
+        let cohort_id = cohort.map(|c| match self.cohorts.iter().position(|x| x == c) {
+            Some(id) => id,
+            None => {
+                self.cohorts.push(c.to_owned());
+                self.cohort_totals.push(vec![(0, 0); slots]);
+                self.cohorts.len() - 1
+            }
+        });
+        let mut limits = vec![None; slots];
+        for (res, q) in quotas {
+            let Some(slot) = self.slot(*res) else {
+                continue;
+            };
+            let scale = |v: u32| match res {
+                QuotaResource::Gpu(_) => Amount::from(v) * 1000,
+                QuotaResource::Mig(_) => Amount::from(v),
+            };
+            let l = Limits {
+                nominal: scale(q.nominal),
+                borrowing: q.borrowing_limit.map(scale),
+                lending: q.lending_limit.map(scale),
+            };
+            limits[slot] = Some(l);
+            if let Some(c) = cohort_id {
+                self.cohort_totals[c][slot].0 += l.lending.map_or(l.nominal, |x| x.min(l.nominal));
             }
         }
         self.teams.push(TeamAccount {
@@ -144,11 +188,11 @@ impl Accounts {
             } else {
                 1.0
             },
-            cohort,
             cohort_id,
-            quotas,
-            usage: FxHashMap::default(),
-            gpu_milli: FxHashMap::default(),
+            limits,
+            limited: !quotas.is_empty(),
+            usage: vec![0; slots],
+            gpu_milli: [0; MODELS],
             cpu_milli: 0,
         });
         i
@@ -158,8 +202,14 @@ impl Accounts {
     pub fn team(&mut self, name: &TeamName) -> usize {
         match self.by_name.get(name) {
             Some(&i) => i,
-            None => self.add(name.clone(), 1.0, None, BTreeMap::new()),
+            None => self.add(name.clone(), 1.0, None, &BTreeMap::new()),
         }
+    }
+
+    /// Whether two teams are in the same cohort.
+    pub fn same_cohort(&self, a: usize, b: usize) -> bool {
+        let cohort = |t: usize| self.teams.get(t).and_then(|t| t.cohort_id);
+        cohort(a).is_some() && cohort(a) == cohort(b)
     }
 
     /// The flavour and amount one replica of `shape` on a GPU of `model` counts against.
@@ -173,9 +223,9 @@ impl Accounts {
         match shape {
             GpuShape::Whole { gpus: 0, .. } => None,
             GpuShape::Mig { profile, .. }
-                if self.teams[team]
-                    .quotas
-                    .contains_key(&QuotaResource::Mig(*profile)) =>
+                if self
+                    .slot(QuotaResource::Mig(*profile))
+                    .is_some_and(|s| self.teams[team].limits[s].is_some()) =>
             {
                 Some((QuotaResource::Mig(*profile), 1))
             }
@@ -183,29 +233,44 @@ impl Accounts {
         }
     }
 
+    /// The team's nominal quota of `res`.
+    pub fn nominal(&self, team: usize, res: QuotaResource) -> Amount {
+        self.slot(res).map_or(0, |s| self.teams[team].nominal(s))
+    }
+
+    /// What the team uses of `res` now.
+    pub fn usage(&self, team: usize, res: QuotaResource) -> Amount {
+        self.slot(res).map_or(0, |s| self.teams[team].usage(s))
+    }
+
+    /// Whether the team uses more of `res` than its nominal quota.
+    pub fn is_borrowing(&self, team: usize, res: QuotaResource) -> bool {
+        let t = &self.teams[team];
+        t.limited && self.slot(res).is_some_and(|s| t.usage(s) > t.nominal(s))
+    }
+
     /// How much more of `res` the team may use now: its unused nominal quota plus what it may
     /// borrow from its cohort. `None` means no limit (a team without quotas).
     pub fn headroom(&self, team: usize, res: QuotaResource) -> Option<Amount> {
         let t = &self.teams[team];
-        if t.unlimited() {
+        if !t.limited {
             return None;
         }
-        let own = t.nominal(res).saturating_sub(t.usage(res));
+        let Some(slot) = self.slot(res) else {
+            return Some(0);
+        };
+        let own = t.nominal(slot).saturating_sub(t.usage(slot));
         let Some(cohort) = t.cohort_id else {
             return Some(own);
         };
-        let (lent, borrowed) = self
-            .cohort_totals
-            .get(&(cohort, res))
-            .copied()
-            .unwrap_or((0, 0));
+        let (lent, borrowed) = self.cohort_totals[cohort][slot];
         // What the other members do not use of their nominal quota (up to their lending
         // limits), less what every member, this one included, already borrows from it.
         let pool = lent
-            .saturating_sub(t.lendable(res))
+            .saturating_sub(t.lendable(slot))
             .saturating_sub(borrowed);
-        let may_borrow = match t.quotas.get(&res).and_then(|q| q.borrowing_limit) {
-            Some(limit) => TeamAccount::scale(res, limit).saturating_sub(t.borrowed(res)),
+        let may_borrow = match t.limits[slot].and_then(|l| l.borrowing) {
+            Some(limit) => limit.saturating_sub(t.borrowed(slot)),
             None => Amount::MAX,
         };
         Some(own + pool.min(may_borrow))
@@ -220,7 +285,10 @@ impl Accounts {
     /// reclaiming lent capacity).
     pub fn within_nominal(&self, team: usize, res: QuotaResource, amount: Amount) -> bool {
         let t = &self.teams[team];
-        !t.unlimited() && t.usage(res) + amount <= t.nominal(res)
+        t.limited
+            && self
+                .slot(res)
+                .is_some_and(|s| t.usage(s) + amount <= t.nominal(s))
     }
 
     /// Records (or with `sign = -1`, removes) one replica's usage.
@@ -232,7 +300,6 @@ impl Accounts {
         cpu_milli: u64,
         sign: i8,
     ) {
-        let flavour = self.flavour(team, shape, model);
         let apply = |v: &mut u64, a: u64| {
             if sign >= 0 {
                 *v += a;
@@ -240,24 +307,22 @@ impl Accounts {
                 *v = v.saturating_sub(a);
             }
         };
-        if let Some((res, amount)) = flavour {
-            let t = &self.teams[team];
-            let before = (t.lendable(res), t.borrowed(res));
-            apply(self.teams[team].usage.entry(res).or_insert(0), amount);
-            let t = &self.teams[team];
-            let after = (t.lendable(res), t.borrowed(res));
+        if let Some((res, amount)) = self.flavour(team, shape, model)
+            && let Some(slot) = self.slot(res)
+        {
+            let t = &mut self.teams[team];
+            let before = (t.lendable(slot), t.borrowed(slot));
+            apply(&mut t.usage[slot], amount);
+            let after = (t.lendable(slot), t.borrowed(slot));
             if let Some(c) = t.cohort_id {
-                let totals = self.cohort_totals.entry((c, res)).or_insert((0, 0));
+                let totals = &mut self.cohort_totals[c][slot];
                 totals.0 = (totals.0 + after.0).saturating_sub(before.0);
                 totals.1 = (totals.1 + after.1).saturating_sub(before.1);
             }
         }
         let t = &mut self.teams[team];
         if let Some(m) = model {
-            apply(
-                t.gpu_milli.entry(m).or_insert(0),
-                u64::from(shape.gpu_milli()),
-            );
+            apply(&mut t.gpu_milli[m as usize], u64::from(shape.gpu_milli()));
         }
         apply(&mut t.cpu_milli, cpu_milli);
     }
@@ -271,11 +336,9 @@ impl Accounts {
         } else {
             0.0
         };
-        for (m, used) in &t.gpu_milli {
-            if let Some(&cap) = self.gpu_capacity.get(m)
-                && cap > 0
-            {
-                share = share.max(*used as f64 / cap as f64);
+        for (used, cap) in t.gpu_milli.iter().zip(&self.gpu_capacity) {
+            if *used > 0 && *cap > 0 {
+                share = share.max(*used as f64 / *cap as f64);
             }
         }
         share / t.weight
@@ -344,9 +407,9 @@ mod tests {
         assert_eq!(acc.headroom(0, H100), Some(3_000));
         acc.charge(2, &whole(2), Some(GpuModel::H100_80GB), 0, 1);
         assert_eq!(acc.headroom(0, H100), Some(1_000), "c borrowed 2 of b's 3");
-        assert!(acc.teams[2].is_borrowing(H100));
+        assert!(acc.is_borrowing(2, H100));
         acc.charge(2, &whole(2), Some(GpuModel::H100_80GB), 0, -1);
-        assert!(!acc.teams[2].is_borrowing(H100));
+        assert!(!acc.is_borrowing(2, H100));
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub mod state;
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
+use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
 
@@ -41,7 +42,7 @@ use chrono::{DateTime, Utc};
 use spotplane_core::mig::MigClass;
 use spotplane_core::shape::GpuShape;
 use spotplane_core::team::QuotaResource;
-use spotplane_core::{Cloud, GpuModel, Market, MigInstance, MigLayout};
+use spotplane_core::{Cloud, GpuModel, JobId, Market, MigInstance, MigLayout};
 
 use fairshare::Accounts;
 use packing::{Devices, PackNode, PackPod, PackingPolicy, ScoreCtx};
@@ -122,13 +123,23 @@ fn want_on(shape: &GpuShape, model: GpuModel) -> Option<Want> {
 type FailKey = (u32, frag::ModelSet);
 
 /// What makes two jobs' requests the same for placement, CPU and memory aside.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct RequestClass {
-    shape: GpuShape,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct RequestClass<'a> {
+    shape: &'a GpuShape,
     replicas: u32,
-    clouds: Vec<Cloud>,
-    regions: Vec<String>,
+    clouds: &'a [Cloud],
+    regions: &'a [String],
     spot: bool,
+}
+
+/// A queued job as the cycle's queues hold it.
+#[derive(Clone, Copy)]
+struct Queued<'a> {
+    /// Priority, requeued, id: the queue is sorted on it, worst first.
+    key: (i32, bool, Reverse<u128>),
+    job: &'a QueuedJob,
+    class: u32,
+    need: Need,
 }
 
 /// Failed attempts of the cycle. Within a cycle capacity only shrinks, so a request that
@@ -192,18 +203,36 @@ struct Cycle<'a> {
     /// Running jobs by id: their team index and whether they are draining (or chosen as
     /// victims this cycle).
     running: Vec<(usize, bool)>,
+    /// Per running job: the GPU model of the node its first replica runs on.
+    run_model: Vec<Option<GpuModel>>,
     failed: FailMemo<FailKey>,
     /// Policy scores by (node, request shape), with the node version they were computed at.
     scores: FxHashMap<(u32, ScoreKey), (u32, packing::Choice)>,
     /// Re-layouts that found nothing, and preemptions that found no victims, this cycle.
     failed_relayout: FailMemo<FailKey>,
     failed_preempt: FailMemo<(usize, i32, FailKey)>,
-    /// The running jobs of each team (indexes into the snapshot), cheapest victims first.
+    /// Preemptions to make room within quota that found no victims, per (team, priority, class).
+    failed_quota_preempt: FailMemo<(usize, i32, u32)>,
     /// Per request class: the models its shape may use.
-    classes: Vec<Vec<GpuModel>>,
+    classes: Vec<Rc<[GpuModel]>>,
+    /// Per request class: its first job, whose placement fields every job of it shares.
+    class_job: Vec<&'a QueuedJob>,
+    /// The running jobs of each team (indexes into the snapshot), cheapest victims first.
     by_team: Vec<Vec<usize>>,
     seq: u64,
     out: Decisions,
+}
+
+type VictimOrder = (u64, i32, Reverse<u128>);
+
+/// The order victims are tried in: the least work lost first, then the lowest priority, then
+/// the newest job.
+fn victim_order(costs: &[u64], running: &[RunningJob], k: usize) -> VictimOrder {
+    (
+        costs[k],
+        running[k].priority,
+        Reverse(running[k].id.0.as_u128()),
+    )
 }
 
 /// Runs one scheduling cycle.
@@ -227,9 +256,16 @@ pub fn schedule(
     // 2. Accounts.
     let mut accounts = Accounts::new(&snap.teams, gpu_capacity, cpu_capacity);
     let mut running = Vec::with_capacity(snap.running.len());
+    let mut run_model = Vec::with_capacity(snap.running.len());
     for job in &snap.running {
         let team = accounts.team(&job.team);
         running.push((team, job.draining));
+        run_model.push(
+            job.placements
+                .first()
+                .and_then(|p| state.by_id.get(&p.node))
+                .and_then(|&i| state.nodes[i as usize].model),
+        );
         for p in &job.placements {
             let Some(&i) = state.by_id.get(&p.node) else {
                 continue;
@@ -273,13 +309,12 @@ pub fn schedule(
         })
         .collect();
     for jobs in &mut by_team {
-        jobs.sort_by_key(|&k| {
-            (
-                costs[k],
-                snap.running[k].priority,
-                Reverse(snap.running[k].id),
-            )
-        });
+        let mut keyed: Vec<(VictimOrder, usize)> = jobs
+            .iter()
+            .map(|&k| (victim_order(&costs, &snap.running, k), k))
+            .collect();
+        keyed.sort_unstable_by_key(|(key, _)| *key);
+        *jobs = keyed.into_iter().map(|(_, k)| k).collect();
     }
 
     let mut cycle = Cycle {
@@ -292,11 +327,14 @@ pub fn schedule(
         state,
         accounts,
         running,
+        run_model,
         failed: FailMemo::default(),
         scores: FxHashMap::default(),
         failed_relayout: FailMemo::default(),
         failed_preempt: FailMemo::default(),
+        failed_quota_preempt: FailMemo::default(),
         classes: Vec::new(),
+        class_job: Vec::new(),
         by_team,
         seq: 0,
         out: Decisions::default(),
@@ -305,22 +343,25 @@ pub fn schedule(
     // 3. Per-team queues, best first: priority, requeued, then FIFO (ids are time-ordered).
     // Jobs with the same request share a class, interned once, so the cycle's memos are keyed
     // by small integers.
-    let mut queues: Vec<Vec<(&QueuedJob, u32)>> = vec![Vec::new(); cycle.accounts.teams.len()];
-    let mut interned: FxHashMap<RequestClass, u32> = FxHashMap::default();
+    // Each entry carries its sort key and what a failing attempt reads (queued jobs lie all
+    // over memory; the common path never touches the job itself).
+    let mut queues: Vec<Vec<Queued<'_>>> = vec![Vec::new(); cycle.accounts.teams.len()];
+    let mut interned: FxHashMap<RequestClass<'_>, u32> = FxHashMap::default();
     for job in &snap.queued {
         let t = cycle.accounts.team(&job.team);
         if queues.len() <= t {
             queues.resize_with(t + 1, Vec::new);
         }
         let rc = RequestClass {
-            shape: job.shape.gpu.clone(),
+            shape: &job.shape.gpu,
             replicas: job.replicas,
-            clouds: job.clouds.clone(),
-            regions: job.regions.clone(),
+            clouds: &job.clouds,
+            regions: &job.regions,
             spot: job.spot,
         };
         let next = interned.len() as u32;
         let class = *interned.entry(rc).or_insert_with(|| {
+            cycle.class_job.push(job);
             let shape = &job.shape.gpu;
             cycle.classes.push(
                 models
@@ -331,11 +372,19 @@ pub fn schedule(
             );
             next
         });
-        queues[t].push((job, class));
+        queues[t].push(Queued {
+            key: (job.priority, job.requeued, Reverse(job.id.0.as_u128())),
+            job,
+            class,
+            need: Need {
+                cpu: i64::from(job.shape.cpu_milli),
+                mem: job.shape.memory_mib as i64,
+            },
+        });
     }
     for q in &mut queues {
-        q.sort_unstable_by_key(|(j, _)| (Reverse(j.priority), Reverse(j.requeued), j.id));
-        q.reverse(); // pop() takes from the back
+        // Worst first: pop() takes from the back. Ids as integers order as their bytes do.
+        q.sort_unstable_by_key(|e| e.key);
     }
 
     // 4. Teams by weighted dominant share, smallest first; one job at a time.
@@ -346,10 +395,10 @@ pub fn schedule(
         }
     }
     while let Some(Reverse((_, t))) = heap.pop() {
-        let Some((job, class)) = queues[t].pop() else {
+        let Some(entry) = queues[t].pop() else {
             continue;
         };
-        cycle.try_job(t, job, class);
+        cycle.try_job(t, &entry);
         if !queues[t].is_empty() {
             heap.push(Reverse((Share(cycle.accounts.dominant_share(t)), t)));
         }
@@ -376,51 +425,61 @@ impl<'a> Cycle<'a> {
         self.run_index(r).and_then(|k| self.running.get_mut(k))
     }
 
-    fn try_job(&mut self, team: usize, job: &QueuedJob, class: u32) {
-        let shape = &job.shape.gpu;
-        let need = Need {
-            cpu: i64::from(job.shape.cpu_milli),
-            mem: job.shape.memory_mib as i64,
-        };
+    fn try_job(&mut self, team: usize, entry: &Queued<'a>) {
+        let (class, need, priority) = (entry.class, entry.need, entry.key.0);
+        let id = JobId(uuid::Uuid::from_u128(entry.key.2.0));
+        // The class's first job stands for it: placement looks only at what the class fixes.
+        let like: &'a QueuedJob = self.class_job[class as usize];
+        let shape = &like.shape.gpu;
         // a. Models the shape allows, then those the quota allows for the whole gang.
         let class_models = &self.classes[class as usize];
         let cpu_only = matches!(shape, GpuShape::Whole { gpus: 0, .. });
-        let mut models: Vec<GpuModel> = Vec::with_capacity(class_models.len());
-        for &m in class_models {
+        // On the stack: this runs for every queued job.
+        let mut allowed = [GpuModel::A100_40GB; GpuModel::ALL.len()];
+        let mut n_allowed = 0;
+        for &m in class_models.iter() {
             let ok = match self.accounts.flavour(team, shape, Some(m)) {
                 Some((res, amount)) => {
                     self.accounts
-                        .allows(team, res, amount * u64::from(job.replicas))
+                        .allows(team, res, amount * u64::from(like.replicas))
                 }
                 None => true,
             };
-            if ok {
-                models.push(m);
+            if ok && n_allowed < allowed.len() {
+                allowed[n_allowed] = m;
+                n_allowed += 1;
             }
         }
+        let models = &allowed[..n_allowed];
         if !cpu_only && models.is_empty() && !class_models.is_empty() {
             // Over quota: only the team's own lower-priority work can make room.
-            let all = self.classes[class as usize].clone();
-            if self.cfg.preemption && self.preempt(team, job, need, &all, true) {
-                return;
+            // Within a cycle candidate victims only go (to draining) and usage only grows, so a
+            // quota preemption that found nothing finds nothing for as much or more.
+            let quota_key = (team, priority, class);
+            if self.cfg.preemption && !self.failed_quota_preempt.has_failed(&quota_key, need) {
+                let all = Rc::clone(&self.classes[class as usize]);
+                if self.preempt(team, entry.job, need, &all, true) {
+                    return;
+                }
+                self.failed_quota_preempt.record(quota_key, need);
             }
-            self.unmet(job, WaitReason::Quota);
+            self.unmet(id, WaitReason::Quota);
             return;
         }
         // b. Place the gang.
-        let key: FailKey = (class, frag::ModelSet::of(&models));
+        let key: FailKey = (class, frag::ModelSet::of(models));
         // A constant-time bound first: if the GPUs of every allowed model together cannot
         // take the gang, no scan is needed, and no CPU or memory figure changes that.
         let slots: u64 = models
             .iter()
             .filter_map(|m| want_on(shape, *m).map(|w| self.state.slots(*m, w)))
             .fold(0u64, u64::saturating_add);
-        let gpu_possible = cpu_only || slots >= u64::from(job.replicas);
+        let gpu_possible = cpu_only || slots >= u64::from(like.replicas);
         if !gpu_possible {
             self.failed.record(key, Need { cpu: 0, mem: 0 });
         }
         if gpu_possible && !self.failed.has_failed(&key, need) {
-            if let Some(placed) = self.place_gang(job, need, &models) {
+            if let Some(placed) = self.place_gang(like, need, models) {
                 let mut placements = Vec::with_capacity(placed.len());
                 for (r, (i, assigned)) in placed.into_iter().enumerate() {
                     let node = &self.state.nodes[i as usize];
@@ -433,7 +492,7 @@ impl<'a> Cycle<'a> {
                     });
                 }
                 self.out.admissions.push(Admission {
-                    job: job.id,
+                    job: id,
                     placements,
                 });
                 return;
@@ -441,18 +500,18 @@ impl<'a> Cycle<'a> {
             self.failed.record(key, need);
         }
         // c. Preemption.
-        let preempt_key = (team, job.priority, key);
+        let preempt_key = (team, priority, key);
         if self.cfg.preemption && !self.failed_preempt.has_failed(&preempt_key, need) {
-            if self.preempt(team, job, need, &models, false) {
+            if self.preempt(team, entry.job, need, models, false) {
                 return;
             }
             self.failed_preempt.record(preempt_key, need);
         }
         // d. MIG re-layout.
         if self.cfg.dynamic_mig && !self.failed_relayout.has_failed(&key, need) {
-            match self.repartition(job, need, &models) {
+            match self.repartition(like, need, models) {
                 Relayout::Ordered => {
-                    self.unmet(job, WaitReason::WaitingForRepartition);
+                    self.unmet(id, WaitReason::WaitingForRepartition);
                     return;
                 }
                 Relayout::NoRoom => self.failed_relayout.record(key, need),
@@ -460,14 +519,11 @@ impl<'a> Cycle<'a> {
             }
         }
         // e. Unmet.
-        self.unmet(job, WaitReason::NoCapacity);
+        self.unmet(id, WaitReason::NoCapacity);
     }
 
-    fn unmet(&mut self, job: &QueuedJob, reason: WaitReason) {
-        self.out.unmet.push(Unmet {
-            job: job.id,
-            reason,
-        });
+    fn unmet(&mut self, job: JobId, reason: WaitReason) {
+        self.out.unmet.push(Unmet { job, reason });
     }
 
     /// Places every replica or none; returns the node index and assignment per replica,
@@ -791,18 +847,19 @@ impl<'a> Cycle<'a> {
                 .filter(|r| self.run_entry(r).is_some_and(|(_, d)| *d))
                 .collect();
             if !draining.is_empty() && self.fits_after_releasing(job, need, models, &draining) {
-                self.unmet(job, WaitReason::WaitingForPreemption);
+                self.unmet(job.id, WaitReason::WaitingForPreemption);
                 return true;
             }
         }
-        let candidates = self.victim_candidates(team, job, models, quota_only);
-        if candidates.is_empty() {
-            return false;
-        }
         let chosen = if job.replicas == 1 && !quota_only {
+            let candidates =
+                self.victim_candidates(team, job, models, quota_only, usize::MAX, |_| true);
+            if candidates.is_empty() {
+                return false;
+            }
             self.victims_on_one_node(team, job, need, models, &candidates)
         } else {
-            self.victims_greedy(team, job, need, models, candidates)
+            self.victims_greedy(team, job, need, models, quota_only)
         };
         let Some(victims) = chosen else { return false };
         for (v, reason) in &victims {
@@ -815,7 +872,7 @@ impl<'a> Cycle<'a> {
                 reason: *reason,
             });
         }
-        self.unmet(job, WaitReason::WaitingForPreemption);
+        self.unmet(job.id, WaitReason::WaitingForPreemption);
         true
     }
 
@@ -826,20 +883,15 @@ impl<'a> Cycle<'a> {
         job: &QueuedJob,
         models: &[GpuModel],
         quota_only: bool,
+        limit: usize,
+        keep: impl Fn(usize) -> bool,
     ) -> Vec<(&'a RunningJob, PreemptionReason)> {
         let snap: &'a Snapshot = self.snap;
         let shape = &job.shape.gpu;
-        let cohort = self.accounts.teams[team].cohort.clone();
         let mut candidates: Vec<(usize, &'a RunningJob, PreemptionReason)> = Vec::new();
         for (owner, jobs) in self.by_team.iter().enumerate() {
             let same_team = owner == team;
-            let same_cohort = !quota_only
-                && cohort.is_some()
-                && self
-                    .accounts
-                    .teams
-                    .get(owner)
-                    .is_some_and(|t| t.cohort == cohort);
+            let same_cohort = !quota_only && self.accounts.same_cohort(team, owner);
             if !same_team && !same_cohort {
                 continue;
             }
@@ -852,7 +904,7 @@ impl<'a> Cycle<'a> {
                     .iter()
                     .filter_map(|m| self.accounts.flavour(team, shape, Some(*m)))
                     .filter(|(res, amount)| {
-                        self.accounts.teams[owner].is_borrowing(*res)
+                        self.accounts.is_borrowing(owner, *res)
                             && self.accounts.within_nominal(
                                 team,
                                 *res,
@@ -865,30 +917,41 @@ impl<'a> Cycle<'a> {
             if !same_team && reclaim_flavours.is_empty() {
                 continue;
             }
+            // The list is in victim order, so the first `limit` kept of it are all the merge
+            // below can use.
+            let mut taken = 0;
             for &k in jobs {
+                if taken >= limit {
+                    break;
+                }
                 let r = &snap.running[k];
                 if self.running.get(k).is_none_or(|(_, draining)| *draining) {
                     continue;
                 }
-                if same_team {
-                    if r.priority < job.priority {
-                        candidates.push((k, r, PreemptionReason::Priority));
+                let reason = if same_team {
+                    if r.priority >= job.priority {
+                        continue;
                     }
+                    PreemptionReason::Priority
                 } else {
-                    let theirs = r.placements.first().and_then(|p| {
-                        let i = *self.state.by_id.get(&p.node)?;
-                        self.accounts
-                            .flavour(owner, &r.shape.gpu, self.state.nodes[i as usize].model)
-                            .map(|(res, _)| res)
-                    });
-                    if theirs.is_some_and(|f| reclaim_flavours.contains(&f)) {
-                        candidates.push((k, r, PreemptionReason::Reclaim));
+                    let theirs = self
+                        .accounts
+                        .flavour(owner, &r.shape.gpu, self.run_model[k])
+                        .map(|(res, _)| res);
+                    if !theirs.is_some_and(|f| reclaim_flavours.contains(&f)) {
+                        continue;
                     }
+                    PreemptionReason::Reclaim
+                };
+                if keep(k) {
+                    candidates.push((k, r, reason));
+                    taken += 1;
                 }
             }
         }
-        // Each team's list is already cheapest first; merge the teams' lists.
-        candidates.sort_by_key(|(k, r, _)| (self.costs[*k], r.priority, Reverse(r.id)));
+        // Each team's list is already cheapest first: the stable sort merges the sorted runs.
+        candidates.sort_by_key(|(k, _, _)| victim_order(&self.costs, &snap.running, *k));
+        candidates.truncate(limit);
         candidates
             .into_iter()
             .map(|(_, r, reason)| (r, reason))
@@ -911,33 +974,43 @@ impl<'a> Cycle<'a> {
             spot: job.spot,
             zone: None,
         };
-        // Candidates by node, in cost order.
-        let mut by_node: FxHashMap<u32, Vec<usize>> = FxHashMap::default();
+        // The first nodes the job may use, in the order of their cheapest candidate, at most
+        // `preemption_nodes` of them; then each one's candidates, in cost order.
         let mut order: Vec<u32> = Vec::new();
-        for (c, (r, _)) in candidates.iter().enumerate() {
+        let mut slot: FxHashMap<u32, usize> = FxHashMap::default();
+        'nodes: for (r, _) in candidates {
             for p in &r.placements {
+                if order.len() >= self.cfg.preemption_nodes {
+                    break 'nodes;
+                }
                 let Some(&i) = self.state.by_id.get(&p.node) else {
                     continue;
                 };
                 let n = &self.state.nodes[i as usize];
-                if !filter.admits(n) || !n.model.is_some_and(|m| models.contains(&m)) {
+                if slot.contains_key(&i)
+                    || !filter.admits(n)
+                    || !n.model.is_some_and(|m| models.contains(&m))
+                {
                     continue;
                 }
-                let list = by_node.entry(i).or_default();
-                if list.last() != Some(&c) {
-                    if list.is_empty() {
-                        order.push(i);
-                    }
-                    list.push(c);
+                slot.insert(i, order.len());
+                order.push(i);
+            }
+        }
+        let mut by_node: Vec<Vec<usize>> = vec![Vec::new(); order.len()];
+        for (c, (r, _)) in candidates.iter().enumerate() {
+            for p in &r.placements {
+                let Some(&s) = self.state.by_id.get(&p.node).and_then(|i| slot.get(i)) else {
+                    continue;
+                };
+                if by_node[s].last() != Some(&c) {
+                    by_node[s].push(c);
                 }
             }
         }
         let mut best: Option<(u64, Vec<usize>)> = None;
         let now = self.now;
-        for &i in order.iter().take(self.cfg.preemption_nodes) {
-            let Some(list) = by_node.get(&i).cloned() else {
-                continue;
-            };
+        for (&i, list) in order.iter().zip(by_node) {
             let model = self.state.nodes[i as usize].model?;
             let mut released: Vec<usize> = Vec::new();
             let mut found = false;
@@ -987,7 +1060,7 @@ impl<'a> Cycle<'a> {
         job: &QueuedJob,
         need: Need,
         models: &[GpuModel],
-        candidates: Vec<(&'a RunningJob, PreemptionReason)>,
+        quota_only: bool,
     ) -> Option<Vec<(&'a RunningJob, PreemptionReason)>> {
         // Only victims that free what the job lacks: GPUs of a model it may use (and, for a
         // GPU job, not CPU-only work), or the quota flavour it needs.
@@ -1000,15 +1073,12 @@ impl<'a> Cycle<'a> {
                     .map(|(res, _)| res)
             })
             .collect();
-        let helps = |this: &Self, r: &RunningJob| -> bool {
-            let Some(&(owner, _)) = this.run_entry(r) else {
+        let helps = |k: usize| -> bool {
+            let Some(&(owner, _)) = self.running.get(k) else {
                 return false;
             };
-            let model = r
-                .placements
-                .first()
-                .and_then(|p| this.state.by_id.get(&p.node))
-                .and_then(|&i| this.state.nodes[i as usize].model);
+            let r = &self.snap.running[k];
+            let model = self.run_model[k];
             if gpu_job
                 && (matches!(r.shape.gpu, GpuShape::Whole { gpus: 0, .. })
                     || !model.is_some_and(|m| models.contains(&m)))
@@ -1016,16 +1086,22 @@ impl<'a> Cycle<'a> {
                 return false;
             }
             needed_flavours.is_empty()
-                || this
+                || self
                     .accounts
                     .flavour(owner, &r.shape.gpu, model)
                     .is_some_and(|(res, _)| needed_flavours.contains(&res))
         };
-        let candidates: Vec<(&'a RunningJob, PreemptionReason)> = candidates
-            .into_iter()
-            .filter(|(v, _)| helps(self, v))
-            .take(self.cfg.preemption_candidates)
-            .collect();
+        let candidates = self.victim_candidates(
+            team,
+            job,
+            models,
+            quota_only,
+            self.cfg.preemption_candidates,
+            helps,
+        );
+        if candidates.is_empty() {
+            return None;
+        }
         // Quota is necessary: if even all of these victims would not free enough of it, stop
         // before any placement attempt.
         for (v, _) in &candidates {
@@ -1052,9 +1128,7 @@ impl<'a> Cycle<'a> {
             if tried >= self.cfg.preemption_candidates {
                 break;
             }
-            if !helps(self, victim)
-                || (reason == PreemptionReason::Reclaim && !self.still_borrowing(victim))
-            {
+            if reason == PreemptionReason::Reclaim && !self.still_borrowing(victim) {
                 continue;
             }
             tried += 1;
@@ -1092,16 +1166,15 @@ impl<'a> Cycle<'a> {
 
     /// Whether a reclaim victim's team still borrows what the victim uses.
     fn still_borrowing(&self, victim: &RunningJob) -> bool {
-        let Some(&(owner, _)) = self.run_entry(victim) else {
+        let Some(k) = self.run_index(victim) else {
             return false;
         };
-        victim.placements.first().is_some_and(|p| {
-            self.state.by_id.get(&p.node).is_some_and(|&i| {
-                self.accounts
-                    .flavour(owner, &victim.shape.gpu, self.state.nodes[i as usize].model)
-                    .is_some_and(|(res, _)| self.accounts.teams[owner].is_borrowing(res))
-            })
-        })
+        let Some(&(owner, _)) = self.running.get(k) else {
+            return false;
+        };
+        self.accounts
+            .flavour(owner, &victim.shape.gpu, self.run_model[k])
+            .is_some_and(|(res, _)| self.accounts.is_borrowing(owner, res))
     }
 
     /// Whether the job would fit (quota and capacity) right now, without taking anything.
@@ -1295,17 +1368,12 @@ impl<'a> Cycle<'a> {
                 if n.zone != zone || !filter.admits(n) {
                     continue;
                 }
+                // Without CPU and memory for one replica nothing is added here; such a node
+                // only tells "no GPU at all" from "no room now", which one GPU settled.
+                if any_gpu && (n.cpu_free < need.cpu || n.mem_free < need.mem) {
+                    continue;
+                }
                 let (mut cpu, mut mem) = (n.cpu_free, n.mem_free);
-                let old: Vec<Option<MigLayout>> = n
-                    .mig
-                    .iter()
-                    .map(|m| m.as_ref().map(|m| m.layout.clone()))
-                    .collect();
-                let busy: Vec<u8> = n
-                    .mig
-                    .iter()
-                    .map(|m| m.as_ref().map_or(0, |m| m.busy))
-                    .collect();
                 for (g, mut layout) in self.relayout_bases(i, model) {
                     if layout.free_starts(class).is_empty() {
                         continue;
@@ -1330,9 +1398,9 @@ impl<'a> Cycle<'a> {
                         continue;
                     }
                     // Keep the idle instances that still fit, so nothing is destroyed needlessly.
-                    if let Some(prev) = &old[g] {
-                        for inst in prev.instances() {
-                            if busy[g] & (1 << inst.start) == 0
+                    if let Some(prev) = &n.mig[g] {
+                        for inst in prev.layout.instances() {
+                            if prev.busy & (1 << inst.start) == 0
                                 && !layout.instances().contains(inst)
                             {
                                 let _ = layout.add(*inst);
@@ -1387,23 +1455,19 @@ impl<'a> Cycle<'a> {
             zone: None,
         };
         let mut any_gpu = false;
-        for &model in models {
-            let nodes: Vec<u32> = self.state.mig_idle_nodes(model).collect();
-            for i in nodes {
+        let convertible =
+            |m: &Option<state::MigGpu>| m.as_ref().is_some_and(|m| m.busy == 0 && !m.pending);
+        let mut chosen = None;
+        'models: for &model in models {
+            for i in self.state.mig_idle_nodes(model) {
                 let n = &self.state.nodes[i as usize];
                 if !filter.admits(n) {
                     continue;
                 }
                 let idle_plain =
                     n.plain.iter().filter(|&&l| l == packing::GPU_MILLI).count() as u32;
-                let convertible: Vec<u32> = n
-                    .mig
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, m)| m.as_ref().is_some_and(|m| m.busy == 0 && !m.pending))
-                    .map(|(g, _)| g as u32)
-                    .collect();
-                if idle_plain >= gpus || idle_plain + (convertible.len() as u32) < gpus {
+                let idle_mig = n.mig.iter().filter(|m| convertible(m)).count() as u32;
+                if idle_plain >= gpus || idle_plain + idle_mig < gpus {
                     continue;
                 }
                 any_gpu = true;
@@ -1412,23 +1476,32 @@ impl<'a> Cycle<'a> {
                 {
                     continue;
                 }
-                let id = n.id;
-                for &g in convertible.iter().take((gpus - idle_plain) as usize) {
-                    self.state.set_pending(i, g);
-                    self.out.repartitions.push(Repartition {
-                        node: id,
-                        gpu: g,
-                        layout: None,
-                    });
-                }
-                return Relayout::Ordered;
+                chosen = Some((i, gpus - idle_plain));
+                break 'models;
             }
         }
-        if any_gpu {
-            Relayout::NoRoom
-        } else {
-            Relayout::NoGpu
+        let Some((i, turn)) = chosen else {
+            return if any_gpu {
+                Relayout::NoRoom
+            } else {
+                Relayout::NoGpu
+            };
+        };
+        let n = &self.state.nodes[i as usize];
+        let id = n.id;
+        let gpus: Vec<u32> = (0..n.mig.len() as u32)
+            .filter(|&g| convertible(&n.mig[g as usize]))
+            .take(turn as usize)
+            .collect();
+        for g in gpus {
+            self.state.set_pending(i, g);
+            self.out.repartitions.push(Repartition {
+                node: id,
+                gpu: g,
+                layout: None,
+            });
         }
+        Relayout::Ordered
     }
 }
 

@@ -193,13 +193,11 @@ mod tests {
 pub fn typical_from_shapes<'a>(
     jobs: impl IntoIterator<Item = (&'a spotplane_core::shape::ResourceShape, u32)>,
 ) -> TypicalPods {
-    use std::collections::HashMap;
-
     use spotplane_core::shape::GpuShape;
 
     use super::frag::{ModelSet, TypicalPod};
 
-    let mut counts: HashMap<(i64, u32, u32, ModelSet), u64> = HashMap::new();
+    let mut counts: rustc_hash::FxHashMap<(i64, u32, u32, ModelSet), u64> = Default::default();
     let mut total = 0u64;
     for (shape, replicas) in jobs {
         let (num_gpu, gpu_milli, models) = match &shape.gpu {
