@@ -213,6 +213,9 @@ struct Cycle<'a> {
     failed_preempt: FailMemo<(usize, i32, FailKey)>,
     /// Preemptions to make room within quota that found no victims, per (team, priority, class).
     failed_quota_preempt: FailMemo<(usize, i32, u32)>,
+    /// Instances that re-layouts ordered this cycle add beyond what their jobs need: per
+    /// (model, class), the node and how many are not yet promised to a waiting job.
+    spare_instances: FxHashMap<(GpuModel, MigClass), Vec<(u32, u32)>>,
     /// Per request class: the models its shape may use.
     classes: Vec<Rc<[GpuModel]>>,
     /// Per request class: its first job, whose placement fields every job of it shares.
@@ -333,6 +336,7 @@ pub fn schedule(
         failed_relayout: FailMemo::default(),
         failed_preempt: FailMemo::default(),
         failed_quota_preempt: FailMemo::default(),
+        spare_instances: FxHashMap::default(),
         classes: Vec::new(),
         class_job: Vec::new(),
         by_team,
@@ -1344,6 +1348,24 @@ impl<'a> Cycle<'a> {
             spot: job.spot,
             zone: None,
         };
+        // A re-layout ordered earlier this cycle may already have made a spare instance of
+        // this class: a single replica waits for that one rather than re-lay another GPU.
+        if job.replicas == 1
+            && let Some(spares) = self.spare_instances.get_mut(&(model, class))
+        {
+            let nodes = &self.state.nodes;
+            let claimed = spares.iter().position(|&(i, _)| {
+                let n = &nodes[i as usize];
+                filter.admits(n) && n.cpu_free >= need.cpu && n.mem_free >= need.mem
+            });
+            if let Some(k) = claimed {
+                spares[k].1 -= 1;
+                if spares[k].1 == 0 {
+                    spares.swap_remove(k);
+                }
+                return Relayout::Ordered;
+            }
+        }
         // Nodes with an idle plain GPU (MIG can be turned on) or with MIG GPUs.
         // Nodes with MIG room first; then nodes with an idle plain GPU not already listed.
         let mut nodes: Vec<u32> = self.state.mig_room_nodes(model).collect();
@@ -1358,7 +1380,7 @@ impl<'a> Cycle<'a> {
         let mut any_gpu = false;
         // Per zone, so a gang lands in one zone.
         for zone in 0..self.state.zones.len() as u16 {
-            let mut plan: Vec<(u32, u32, MigLayout)> = Vec::new();
+            let mut plan: Vec<(u32, u32, MigLayout, u32)> = Vec::new();
             let mut covered = 0usize;
             for &i in &nodes {
                 if covered >= job.replicas as usize {
@@ -1407,21 +1429,36 @@ impl<'a> Cycle<'a> {
                             }
                         }
                     }
+                    // Fill what is left with the same class: the next jobs asking for it this
+                    // cycle wait for these instead of each re-laying a GPU of its own.
+                    let mut spare = 0;
+                    while let Some(&start) = layout.free_starts(class).first() {
+                        if layout.add(MigInstance::new(class, start)).is_err() {
+                            break;
+                        }
+                        spare += 1;
+                    }
                     covered += added;
-                    plan.push((i, g as u32, layout));
+                    plan.push((i, g as u32, layout, spare));
                     if covered >= job.replicas as usize {
                         break;
                     }
                 }
             }
             if covered >= job.replicas as usize && !plan.is_empty() {
-                for (i, g, layout) in plan {
+                for (i, g, layout, spare) in plan {
                     let node = self.state.nodes[i as usize].id;
                     let unchanged = self.state.nodes[i as usize].mig[g as usize]
                         .as_ref()
                         .is_some_and(|m| m.layout == layout);
                     if unchanged {
                         continue;
+                    }
+                    if spare > 0 {
+                        self.spare_instances
+                            .entry((model, class))
+                            .or_default()
+                            .push((i, spare));
                     }
                     self.state.set_pending(i, g);
                     self.out.repartitions.push(Repartition {

@@ -621,6 +621,32 @@ fn an_idle_plain_gpu_is_re_laid_for_waiting_mig_demand() {
 }
 
 #[test]
+fn a_re_laid_gpu_is_filled_with_the_class_so_the_next_jobs_wait_for_it_too() {
+    let snap = Snapshot {
+        nodes: vec![node(1, H100, 2, "a")],
+        queued: (1..=3)
+            .map(|k| queued(k, "t", mig("1g.10gb"), 1, 0))
+            .collect(),
+        ..Default::default()
+    };
+    let d = run(&snap);
+    assert_eq!(d.repartitions.len(), 1, "one GPU serves all three");
+    let layout = d.repartitions[0].layout.clone().expect("MIG on");
+    assert_eq!(
+        layout.instances().len(),
+        7,
+        "an H100 holds seven 1g instances"
+    );
+    assert!(layout.instances().iter().all(|i| i.class == MigClass::G1));
+    assert_eq!(d.unmet.len(), 3);
+    assert!(
+        d.unmet
+            .iter()
+            .all(|u| u.reason == WaitReason::WaitingForRepartition)
+    );
+}
+
+#[test]
 fn instances_in_use_are_never_destroyed_by_a_re_layout() {
     let busy = MigInstance::new(MigClass::G4, 0);
     let mut n = node(1, H100, 1, "a");
