@@ -233,16 +233,6 @@ impl Accounts {
         }
     }
 
-    /// The team's nominal quota of `res`.
-    pub fn nominal(&self, team: usize, res: QuotaResource) -> Amount {
-        self.slot(res).map_or(0, |s| self.teams[team].nominal(s))
-    }
-
-    /// What the team uses of `res` now.
-    pub fn usage(&self, team: usize, res: QuotaResource) -> Amount {
-        self.slot(res).map_or(0, |s| self.teams[team].usage(s))
-    }
-
     /// Whether the team uses more of `res` than its nominal quota.
     pub fn is_borrowing(&self, team: usize, res: QuotaResource) -> bool {
         let t = &self.teams[team];

@@ -197,7 +197,6 @@ struct Cycle<'a> {
     snap: &'a Snapshot,
     policy: &'a dyn PackingPolicy,
     cfg: &'a SchedulerConfig,
-    now: DateTime<Utc>,
     state: State,
     accounts: Accounts,
     /// Running jobs by id: their team index and whether they are draining (or chosen as
@@ -326,7 +325,6 @@ pub fn schedule(
         snap,
         policy,
         cfg,
-        now,
         state,
         accounts,
         running,
@@ -1013,7 +1011,6 @@ impl<'a> Cycle<'a> {
             }
         }
         let mut best: Option<(u64, Vec<usize>)> = None;
-        let now = self.now;
         for (&i, list) in order.iter().zip(by_node) {
             let model = self.state.nodes[i as usize].model?;
             let mut released: Vec<usize> = Vec::new();
@@ -1040,11 +1037,8 @@ impl<'a> Cycle<'a> {
             if found {
                 let total: u64 = released
                     .iter()
-                    .map(|&c| {
-                        let r = candidates[c].0;
-                        let secs = (now - r.progress_since).num_seconds().max(0) as u64;
-                        u64::from(r.shape.gpu.gpu_milli().max(1)) * r.placements.len() as u64 * secs
-                    })
+                    .filter_map(|&c| self.run_index(candidates[c].0))
+                    .map(|k| self.costs[k])
                     .sum();
                 if best
                     .as_ref()
