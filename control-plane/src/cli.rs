@@ -110,6 +110,9 @@ pub struct ReplayArgs {
     /// GPU seconds one trace step takes (Gavel's traces count work in steps).
     #[arg(long, default_value_t = 0.1)]
     pub seconds_per_step: f64,
+    /// Run spotplane's policy without consolidation (to measure what it saves).
+    #[arg(long)]
+    pub no_consolidation: bool,
     /// One JSON object per policy and line.
     #[arg(long)]
     pub json: bool,

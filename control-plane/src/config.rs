@@ -224,6 +224,11 @@ pub struct CapacityConfig {
     pub boot_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub orphan_grace: Duration,
+    /// Drain nodes whose work fits on the rest of the fleet (`planner::consolidate`).
+    pub consolidation: bool,
+    /// A node's set of jobs must have stayed the same this long before they are moved.
+    #[serde(with = "humantime_serde")]
+    pub consolidate_after: Duration,
     /// The node boot script that installs and starts the agent (each Terraform module outputs
     /// it as `node_boot_script`); it follows the node's bootstrap token in its user data.
     #[serde(default)]
@@ -246,6 +251,8 @@ impl CapacityConfig {
         };
         s.planner.idle_grace = d(self.idle_grace);
         s.planner.boot_timeout = d(self.boot_timeout);
+        s.consolidation.enabled = self.consolidation;
+        s.consolidation.after = d(self.consolidate_after);
         s
     }
 }

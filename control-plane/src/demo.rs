@@ -186,6 +186,7 @@ fn world_spec(config: &Config, args: &DemoArgs, days: f64) -> anyhow::Result<Rep
         data_dir: data,
         max_jobs: 400,
         seconds_per_step: 0.1,
+        consolidation: true,
     })
 }
 

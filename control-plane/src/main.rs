@@ -204,6 +204,7 @@ async fn replay_cmd(config: &Config, args: &spotplane::cli::ReplayArgs) -> anyho
         data_dir: config.sim.resolved_data_dir(),
         max_jobs: args.max_jobs,
         seconds_per_step: args.seconds_per_step,
+        consolidation: !args.no_consolidation,
     };
     anyhow::ensure!(
         args.seconds_per_step > 0.0,
@@ -215,7 +216,7 @@ async fn replay_cmd(config: &Config, args: &spotplane::cli::ReplayArgs) -> anyho
             println!("{}", serde_json::to_string(&o)?);
         } else {
             println!(
-                "{:<24} cost ${:>10.2}  on-demand equivalent ${:>10.2}  saved {:>5.1}%  jobs {}/{}  deadline misses {}  lost {:.2} GPU-h of {:.1} run ({:.2}%)  queue {:.0} s  preemptions {} (recovered {})  notice->durable p50 {:.0} s p99 {:.0} s  notice->resumed p50 {:.0} s p99 {:.0} s  nodes {} ({} on-demand)  ({:.1} s)",
+                "{:<24} cost ${:>10.2}  on-demand equivalent ${:>10.2}  saved {:>5.1}%  jobs {}/{}  deadline misses {}  lost {:.2} GPU-h of {:.1} run ({:.2}%)  queue {:.0} s  preemptions {} (recovered {})  notice->durable p50 {:.0} s p99 {:.0} s  notice->resumed p50 {:.0} s p99 {:.0} s  nodes {} ({} on-demand, {} consolidated)  ({:.1} s)",
                 o.policy,
                 o.total_cost_usd,
                 o.ondemand_equivalent_usd,
@@ -235,6 +236,7 @@ async fn replay_cmd(config: &Config, args: &spotplane::cli::ReplayArgs) -> anyho
                 o.notice_to_resumed_s.p99,
                 o.nodes_bought,
                 o.on_demand_nodes,
+                o.consolidations,
                 o.wall_seconds
             );
         }

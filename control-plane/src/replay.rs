@@ -128,6 +128,8 @@ pub struct ReplayOutcome {
     pub nodes_bought: u64,
     /// Of those, on-demand nodes.
     pub on_demand_nodes: u64,
+    /// Nodes drained because their work fit on other nodes or on a cheaper one.
+    pub consolidations: u64,
     pub wall_seconds: f64,
 }
 
@@ -143,6 +145,9 @@ pub struct ReplaySpec {
     pub max_jobs: usize,
     /// GPU seconds one trace step takes.
     pub seconds_per_step: f64,
+    /// Let spotplane's policy consolidate (drain nodes whose work fits elsewhere or on a
+    /// cheaper node); the baselines never do.
+    pub consolidation: bool,
 }
 
 pub fn policy_by_name(name: &str) -> Option<PlanPolicy> {
@@ -213,6 +218,8 @@ pub struct World {
     start: DateTime<Utc>,
     step: Duration,
     end: DateTime<Utc>,
+    /// Nodes the capacity loop drained for consolidation.
+    consolidations: u64,
     /// Give some one-GPU jobs a MIG slice or a GPU share instead (the demo shows every way to
     /// use a GPU; the replays keep Philly's whole GPUs).
     mixed_shapes: bool,
@@ -279,6 +286,9 @@ impl World {
             ..config.capacity.settings()
         };
         settings.planner.policy = policy;
+        // Repacking is spotplane's; the baselines model SkyPilot's managed jobs (one cluster per
+        // job, never repacked) and a plain on-demand fleet.
+        settings.consolidation.enabled &= spec.consolidation && policy == PlanPolicy::ExpectedCost;
         let cap = CapacityLoop::new(
             store.clone(),
             Arc::clone(&providers),
@@ -312,6 +322,7 @@ impl World {
             start: spec.start,
             step: spec.step,
             end: spec.start + Duration::seconds(horizon as i64),
+            consolidations: 0,
             mixed_shapes: false,
         })
     }
@@ -361,7 +372,8 @@ impl World {
         self.agents.tick(now, self.step).await?;
         self.recovery.run_once().await?;
         self.sched.run_once().await?;
-        self.cap.run_once().await?;
+        let c = self.cap.run_once().await?;
+        self.consolidations += c.consolidated as u64;
         self.clock.advance(self.step);
         Ok(())
     }
@@ -502,6 +514,7 @@ impl World {
                     n.provider_instance_id.is_some() && n.market == spotplane_core::Market::OnDemand
                 })
                 .count() as u64,
+            consolidations: self.consolidations,
             wall_seconds: wall.elapsed().as_secs_f64(),
         })
     }
@@ -638,6 +651,7 @@ mod tests {
             data_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
             max_jobs: 10,
             seconds_per_step: 0.1,
+            consolidation: true,
         };
         let mut out = Vec::new();
         for p in POLICIES {
@@ -657,5 +671,46 @@ mod tests {
             out[0]
         );
         assert!(out[2].total_cost_usd < out[0].total_cost_usd, "{out:?}");
+    }
+
+    /// A seven-GPU job and a one-GPU job share an eight-GPU node; once the big one is done the
+    /// small one is alone on it for hours. Consolidation moves it (checkpoint, requeue, resume)
+    /// to a one-GPU node and gives the big one back; without it the big node is kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn consolidation_moves_a_lone_job_off_a_big_node_and_saves_money() {
+        let dir = tempfile::tempdir().expect("dir");
+        let p = dir.path().join("t.trace");
+        let line = |steps: u32, at: u32, gpus: u32| {
+            format!(
+                "ResNet-18 (batch size 64)\tcd x && python3 main.py\t--num_steps\t1\t{steps}\t{at}.000000\t{gpus}\n"
+            )
+        };
+        // 20 minutes on seven GPUs; ten minutes later, when the node bought for them runs,
+        // three hours on one (placed on the eighth GPU there).
+        std::fs::write(&p, [line(12_000, 0, 7), line(108_000, 600, 1)].concat()).expect("trace");
+        let spec = |consolidation| ReplaySpec {
+            trace: p.clone(),
+            days: 0.25,
+            start: "2026-07-01T00:00:00Z".parse().expect("time"),
+            step: Duration::seconds(60),
+            data_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+            max_jobs: 10,
+            seconds_per_step: 0.1,
+            consolidation,
+        };
+        let with = replay(&spec(true), "spotplane").await.expect("replays");
+        let without = replay(&spec(false), "spotplane").await.expect("replays");
+        for o in [&with, &without] {
+            assert_eq!((o.jobs_submitted, o.jobs_finished), (2, 2), "{o:?}");
+            assert_eq!(o.deadline_misses, 0, "{o:?}");
+        }
+        assert_eq!(without.consolidations, 0, "{without:?}");
+        assert!(with.consolidations >= 1, "{with:?}");
+        // Moving lost no work: the job checkpointed on the drain and resumed from it.
+        assert!(with.lost_gpu_hours < 1e-9, "{with:?}");
+        assert!(
+            with.total_cost_usd < without.total_cost_usd,
+            "with {with:?}\nwithout {without:?}"
+        );
     }
 }

@@ -50,8 +50,10 @@
 //!
 //! A ready node with nothing on it for longer than the idle grace is released, unless unmet
 //! demand would fit on it; a node that has not become ready within the boot timeout is released
-//! and its offer reported, so the reconciler can set it aside.
+//! and its offer reported, so the reconciler can set it aside. A node with work that fits on
+//! the rest of the fleet is emptied first when that pays ([`consolidate`], its own module).
 
+mod consolidate;
 mod pool;
 #[cfg(test)]
 mod tests;
@@ -63,6 +65,9 @@ use spotplane_core::shape::{GpuShape, ResourceShape};
 use spotplane_core::{Cloud, JobId, Market, Micros, NodeId, TeamName};
 use spotplane_providers::Offer;
 
+pub use consolidate::{
+    Consolidation, ConsolidationInput, ConsolidationSettings, MovableJob, NodeCost, consolidate,
+};
 pub use pool::{PoolStats, Unavailable, pool_id};
 
 /// How offers are chosen: spotplane's expected-cost rule, or one of the baselines the fleet
@@ -328,7 +333,13 @@ impl Demand {
 }
 
 /// Expected cost per hour of progress of `nodes` nodes at `price` interrupted at `rate`.
-fn expected_hourly(price: Micros, nodes: u32, rate: f64, rework: f64, restart: f64) -> f64 {
+pub(crate) fn expected_hourly(
+    price: Micros,
+    nodes: u32,
+    rate: f64,
+    rework: f64,
+    restart: f64,
+) -> f64 {
     let n = f64::from(nodes);
     n * price.0 as f64 * (1.0 + n * rate * (rework + restart))
 }

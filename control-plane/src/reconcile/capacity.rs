@@ -12,7 +12,11 @@
 //!    throttling and transient errors leave the rest for the next round.
 //! 4. **Releases** — idle nodes and nodes that never booted are terminated (the latter's offer
 //!    set aside for `boot_failure_ttl`).
-//! 5. **Sync and orphan sweeper** — each provider's instances carrying the cluster tag: a node
+//! 5. **Consolidation** — when no job waits for capacity, a node whose work fits on the rest of
+//!    the fleet, and for which giving it back saves more than moving the work costs, is drained
+//!    ([`planner::consolidate`]): its jobs checkpoint and requeue, the scheduler places them
+//!    elsewhere, and the node is given back once nothing holds it.
+//! 6. **Sync and orphan sweeper** — each provider's instances carrying the cluster tag: a node
 //!    whose instance is gone is marked terminated (a spot node gone unasked counts as an
 //!    interruption of its pool); an instance no node row knows, older than `orphan_grace`, is
 //!    terminated. Simulated nodes have no agent of their own: they count as ready once
@@ -33,8 +37,8 @@ use spotplane_providers::{
 
 use crate::clock::SharedClock;
 use crate::planner::{
-    self, Budget, Demand, FleetNode, FleetPhase, PlanInput, PlannerSettings, PoolStats,
-    ReleaseReason, Unavailable,
+    self, Budget, ConsolidationSettings, Demand, FleetNode, FleetPhase, MovableJob, NodeCost,
+    PlanInput, PlannerSettings, PoolStats, ReleaseReason, Unavailable,
 };
 use crate::scheduler::snapshot::{Assigned, WaitReason};
 use crate::store::{NewGpu, NewNode, wait_text};
@@ -70,6 +74,7 @@ pub struct CapacitySettings {
     /// the user data of every node bought from a real cloud (docs/deploy.md).
     pub node_boot_script: Option<String>,
     pub planner: PlannerSettings,
+    pub consolidation: ConsolidationSettings,
 }
 
 impl Default for CapacitySettings {
@@ -83,6 +88,7 @@ impl Default for CapacitySettings {
             ready_on_running: true,
             node_boot_script: None,
             planner: PlannerSettings::default(),
+            consolidation: ConsolidationSettings::default(),
         }
     }
 }
@@ -120,6 +126,8 @@ pub struct CapacityReport {
     /// Provisioning failures by kind.
     pub refused: BTreeMap<&'static str, u64>,
     pub released: usize,
+    /// Nodes drained because their work fits on the rest of the fleet.
+    pub consolidated: usize,
     pub ready: usize,
     /// Nodes whose instance the cloud took or lost.
     pub vanished: usize,
@@ -137,6 +145,8 @@ pub struct CapacityLoop {
     pools: PoolStats,
     unavailable: Unavailable,
     idle_since: HashMap<NodeId, DateTime<Utc>>,
+    /// Per node, the jobs on it and since when they have been the same (for consolidation).
+    node_jobs: HashMap<NodeId, (Vec<JobId>, DateTime<Utc>)>,
     /// Spot nodes whose notice has been counted against their pool.
     noticed: std::collections::HashSet<NodeId>,
     last_round: Option<DateTime<Utc>>,
@@ -161,6 +171,7 @@ impl CapacityLoop {
             pools: PoolStats::default(),
             unavailable: Unavailable::default(),
             idle_since: HashMap::new(),
+            node_jobs: HashMap::new(),
             noticed: std::collections::HashSet::new(),
             last_round: None,
             budgets: BTreeMap::new(),
@@ -310,6 +321,7 @@ impl CapacityLoop {
             });
         }
 
+        let demand_waits = !demand.is_empty();
         let input = PlanInput {
             offers,
             demand,
@@ -364,11 +376,17 @@ impl CapacityLoop {
                 report.released += 1;
             }
         }
+        if demand_waits {
+            self.node_jobs.clear();
+        } else {
+            self.consolidate(&snap, &nodes, now, &mut report).await?;
+        }
         // A spot node with a notice: its pool is interrupting now; set it aside for a while
         // (SkyPilot's EAGER_NEXT_REGION, Karpenter's unavailable offerings) so the work it
-        // held is placed elsewhere.
+        // held is placed elsewhere. (A node drained for consolidation has no notice.)
         for node in &nodes {
             if node.state == NodeState::Draining
+                && node.notice_deadline.is_some()
                 && node.market == Market::Spot
                 && self.noticed.insert(node.id)
                 && let Some(o) = &node.offer_id
@@ -392,6 +410,146 @@ impl CapacityLoop {
             }
         }
         Ok(report)
+    }
+
+    /// Consolidation: drains the nodes [`planner::consolidate`] picks. Runs only while no job
+    /// waits for capacity.
+    async fn consolidate(
+        &mut self,
+        snap: &crate::scheduler::Snapshot,
+        nodes: &[crate::model::Node],
+        now: DateTime<Utc>,
+        report: &mut CapacityReport,
+    ) -> Result<(), StoreError> {
+        let s = &self.settings.consolidation;
+        // Since when each node's set of jobs is what it is.
+        let mut held: HashMap<NodeId, Vec<JobId>> = HashMap::new();
+        for r in &snap.running {
+            for p in &r.placements {
+                let ids = held.entry(p.node).or_default();
+                if !ids.contains(&r.id) {
+                    ids.push(r.id);
+                }
+            }
+        }
+        for ids in held.values_mut() {
+            ids.sort();
+        }
+        self.node_jobs.retain(|n, _| held.contains_key(n));
+        for (node, ids) in held {
+            match self.node_jobs.get_mut(&node) {
+                Some((known, _)) if *known == ids => {}
+                Some(entry) => *entry = (ids, now),
+                None => {
+                    self.node_jobs.insert(node, (ids, now));
+                }
+            }
+        }
+        if !s.enabled {
+            return Ok(());
+        }
+        let mut costs: HashMap<NodeId, NodeCost> = HashMap::new();
+        for n in nodes {
+            if n.state != NodeState::Ready {
+                continue;
+            }
+            if let (Some((_, since)), Some(price)) = (
+                self.node_jobs.get(&n.id),
+                spotplane_core::Micros::from_usd_f64(n.hourly_price_usd).ok(),
+            ) {
+                costs.insert(
+                    n.id,
+                    NodeCost {
+                        price,
+                        stable_since: *since,
+                    },
+                );
+            }
+        }
+        // No node steady long enough: nothing to look at.
+        if !costs.values().any(|c| now - c.stable_since >= s.after) {
+            return Ok(());
+        }
+        // What the planner knows of each running job (how long the work on a target lasts
+        // matters as much as the work moved).
+        let mut jobs: HashMap<JobId, MovableJob> = HashMap::new();
+        for r in &snap.running {
+            let Some(spec) = self.cache.get(r.id) else {
+                continue;
+            };
+            let checkpoint_hours = spec
+                .checkpoint
+                .as_ref()
+                .map(|c| f64::from(c.interval_s) / 3600.0);
+            let remaining_hours = match spec.work_hours {
+                Some(w) => {
+                    Some((w - self.progress_hours(r.id, checkpoint_hours, now).await?).max(0.0))
+                }
+                None => None,
+            };
+            jobs.insert(
+                r.id,
+                MovableJob {
+                    clouds: spec.clouds.clone(),
+                    regions: spec.regions.clone(),
+                    spot: spec.spot,
+                    checkpoints: spec.checkpoint.is_some(),
+                    remaining_hours,
+                    restart_hours: self.settings.planner.default_restart_hours,
+                    deadline: spec.deadline,
+                },
+            );
+        }
+        let offers: Vec<Offer> = self
+            .offers
+            .values()
+            .flatten()
+            .filter(|o| !self.unavailable.contains(&o.id(), now))
+            .cloned()
+            .collect();
+        let input = planner::ConsolidationInput {
+            snapshot: snap,
+            jobs: &jobs,
+            nodes: &costs,
+            offers: &offers,
+            pools: &self.pools,
+        };
+        let chosen = planner::consolidate(now, input, s);
+        for c in chosen {
+            let reason = match &c.replacement {
+                None => format!(
+                    "consolidation: its {} job(s) fit on other nodes; giving it back saves ${:.2}/h",
+                    c.jobs.len(),
+                    c.saving_hourly.0 as f64 / 1e6
+                ),
+                Some(o) => format!(
+                    "consolidation: its {} job(s) fit on a cheaper {} ({}); replacing it saves ${:.2}/h",
+                    c.jobs.len(),
+                    o.instance_type,
+                    o.market,
+                    c.saving_hourly.0 as f64 / 1e6
+                ),
+            };
+            match self
+                .store
+                .transition_node(c.node, NodeState::Draining, Some(reason), now)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(node = %c.node, jobs = c.jobs.len(), targets = ?c.targets,
+                        replacement = c.replacement.as_ref().map(|o| o.id()),
+                        saving_hourly = %c.saving_hourly, move_cost = %c.move_cost,
+                        "consolidating: draining a node whose work fits elsewhere");
+                    self.node_jobs.remove(&c.node);
+                    report.consolidated += 1;
+                }
+                Err(StoreError::Conflict(why) | StoreError::NotFound(why)) => {
+                    tracing::debug!(node = %c.node, %why, "consolidation dropped");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Hours a job has run, from its history: every stretch in `running`, less, for a stretch
