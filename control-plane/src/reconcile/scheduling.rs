@@ -3,7 +3,10 @@
 //!
 //! A decision that no longer applies when it is written (the job was cancelled meanwhile) is
 //! skipped; the next cycle sees the new state. Nothing is kept between cycles but the parsed
-//! job specs, which never change.
+//! job specs, which never change, and the workload's typical shapes (what the `fgd` and
+//! `spotplane` packing policies measure fragmentation against), recomputed from the running
+//! and queued jobs every [`TYPICAL_REFRESH`]: a distribution that moves slowly, as FGD takes it
+//! from the trace once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,9 +17,13 @@ use crate::clock::SharedClock;
 use crate::config::SchedulerSettings;
 use crate::reconcile::capacity::CapacityLoop;
 use crate::reconcile::recovery::RecoveryLoop;
+use crate::scheduler::frag::TypicalPods;
 use crate::scheduler::policies::{self, typical_from_shapes};
 use crate::scheduler::{SchedulerConfig, schedule};
 use crate::store::{SpecCache, Store, StoreError};
+
+/// How long the typical shapes of the workload are kept before they are recomputed.
+pub const TYPICAL_REFRESH: chrono::Duration = chrono::Duration::seconds(60);
 
 /// What one cycle did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -40,6 +47,8 @@ pub struct SchedulerLoop {
     capacity: Option<(CapacityLoop, Duration, Option<tokio::time::Instant>)>,
     /// The recovery loop, run by the same leader before each scheduling cycle.
     recovery: Option<RecoveryLoop>,
+    /// The workload's typical shapes and when they were computed.
+    typical: Option<(chrono::DateTime<chrono::Utc>, Arc<TypicalPods>)>,
 }
 
 impl SchedulerLoop {
@@ -51,6 +60,7 @@ impl SchedulerLoop {
             cache: SpecCache::default(),
             capacity: None,
             recovery: None,
+            typical: None,
         }
     }
 
@@ -83,22 +93,36 @@ impl SchedulerLoop {
             ..SchedulerConfig::default()
         };
         let policy_name = self.settings.policy.clone();
+        let cached = self
+            .typical
+            .as_ref()
+            .filter(|(at, _)| now - *at < TYPICAL_REFRESH && now >= *at)
+            .map(|(_, t)| Arc::clone(t));
         // The cycle is CPU work (up to a few hundred ms on a large cluster): off the runtime.
-        let (snap, decisions) = tokio::task::spawn_blocking(move || {
-            let typical = typical_from_shapes(
-                snap.queued.iter().map(|q| (&q.shape, q.replicas)).chain(
-                    snap.running
-                        .iter()
-                        .map(|r| (&r.shape, r.placements.len() as u32)),
-                ),
-            );
-            let policy = policies::by_name(&policy_name, Arc::new(typical.clone()))
+        let (snap, decisions, typical) = tokio::task::spawn_blocking(move || {
+            let typical = cached.unwrap_or_else(|| {
+                Arc::new(typical_from_shapes(
+                    snap.queued.iter().map(|q| (&q.shape, q.replicas)).chain(
+                        snap.running
+                            .iter()
+                            .map(|r| (&r.shape, r.placements.len() as u32)),
+                    ),
+                ))
+            });
+            let policy = policies::by_name(&policy_name, Arc::clone(&typical))
                 .unwrap_or_else(|| Box::new(policies::BestFit));
             let d = schedule(&snap, policy.as_ref(), &cfg, now);
-            (snap, d)
+            (snap, d, typical)
         })
         .await
         .map_err(|e| StoreError::Connect(format!("scheduler task failed: {e}")))?;
+        if self
+            .typical
+            .as_ref()
+            .is_none_or(|(_, t)| !Arc::ptr_eq(t, &typical))
+        {
+            self.typical = Some((now, typical));
+        }
 
         let mut report = CycleReport {
             queued: snap.queued.len(),

@@ -199,6 +199,11 @@ impl Accounts {
     }
 
     /// The team's index; a team the snapshot did not describe gets weight 1 and no quotas.
+    /// Team names and their indexes so far.
+    pub fn name_index(&self) -> FxHashMap<TeamName, usize> {
+        self.by_name.clone()
+    }
+
     pub fn team(&mut self, name: &TeamName) -> usize {
         match self.by_name.get(name) {
             Some(&i) => i,

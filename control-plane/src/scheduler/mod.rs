@@ -22,7 +22,9 @@
 //!
 //! A request that fails placement is remembered for the rest of the cycle (capacity only
 //! shrinks within a cycle), so the next job with the same request fails in O(1): that is what
-//! keeps a cycle over 100,000 queued jobs short.
+//! keeps a cycle over 100,000 queued jobs short. Steps 1–2 and step 3 are independent: with a
+//! large queue (≥ 4,096 jobs) step 3 runs on a second thread (scoped, joined before step 4),
+//! with the same result as in line.
 
 pub mod fairshare;
 pub mod frag;
@@ -98,7 +100,7 @@ impl Filter<'_> {
     fn admits(&self, n: &state::NodeState) -> bool {
         n.schedulable
             && (self.clouds.is_empty() || self.clouds.contains(&n.cloud))
-            && (self.regions.is_empty() || self.regions.contains(&n.region))
+            && (self.regions.is_empty() || self.regions.iter().any(|r| **r == *n.region))
             && (self.spot || n.market == Market::OnDemand)
             && self.zone.is_none_or(|z| z == n.zone)
     }
@@ -244,8 +246,17 @@ pub fn schedule(
     cfg: &SchedulerConfig,
     now: DateTime<Utc>,
 ) -> Decisions {
-    // 1. The working state: capacity minus what running jobs hold.
-    let mut state = State::new(&snap.nodes);
+    schedule_with(snap, policy, cfg, now, snap.queued.len() >= PARALLEL_QUEUES)
+}
+
+/// [`schedule`], building the queues on a second thread or in line.
+fn schedule_with(
+    snap: &Snapshot,
+    policy: &dyn PackingPolicy,
+    cfg: &SchedulerConfig,
+    now: DateTime<Utc>,
+    parallel: bool,
+) -> Decisions {
     let mut gpu_capacity: FxHashMap<GpuModel, u64> = FxHashMap::default();
     let mut cpu_capacity = 0;
     for n in &snap.nodes {
@@ -256,23 +267,115 @@ pub fn schedule(
         cpu_capacity += n.cpu_milli;
     }
     // 2. Accounts.
-    let mut accounts = Accounts::new(&snap.teams, gpu_capacity, cpu_capacity);
+    let accounts = Accounts::new(&snap.teams, gpu_capacity, cpu_capacity);
+    // 3. (on a second core, while the state is built) Per-team queues, best first.
+    let known = accounts.name_index();
+    std::thread::scope(|scope| {
+        let queues = if parallel {
+            QueuesBuild::Running(scope.spawn(|| TeamQueues::build(&snap.queued, &known)))
+        } else {
+            QueuesBuild::Done(TeamQueues::build(&snap.queued, &known))
+        };
+        run_cycle(snap, policy, cfg, now, accounts, queues)
+    })
+}
+
+/// Queued jobs at or above which the queues are built on a second thread.
+const PARALLEL_QUEUES: usize = 4096;
+
+enum QueuesBuild<'scope, 'a> {
+    Running(std::thread::ScopedJoinHandle<'scope, TeamQueues<'a>>),
+    Done(TeamQueues<'a>),
+}
+
+/// The queued jobs in per-team queues, sorted worst first, with their request classes
+/// interned. Teams are keyed by their index among the snapshot's teams; a team the snapshot
+/// does not list gets a key past those, in order of first appearance (`new_teams`).
+struct TeamQueues<'a> {
+    queues: Vec<Vec<Queued<'a>>>,
+    new_teams: Vec<&'a spotplane_core::TeamName>,
+    /// Per class, the first job of it.
+    class_job: Vec<&'a QueuedJob>,
+}
+
+impl<'a> TeamQueues<'a> {
+    fn build(queued: &'a [QueuedJob], known: &FxHashMap<spotplane_core::TeamName, usize>) -> Self {
+        let mut out = TeamQueues {
+            queues: vec![Vec::new(); known.len()],
+            new_teams: Vec::new(),
+            class_job: Vec::new(),
+        };
+        let mut new_index: FxHashMap<&'a spotplane_core::TeamName, usize> = FxHashMap::default();
+        // Jobs with the same request share a class, interned once, so the cycle's memos are
+        // keyed by small integers. Each entry carries its sort key and what a failing attempt
+        // reads (queued jobs lie all over memory; the common path never touches the job).
+        let mut interned: FxHashMap<RequestClass<'a>, u32> = FxHashMap::default();
+        for job in queued {
+            let t = match known.get(&job.team) {
+                Some(&t) => t,
+                None => *new_index.entry(&job.team).or_insert_with(|| {
+                    out.new_teams.push(&job.team);
+                    out.queues.push(Vec::new());
+                    out.queues.len() - 1
+                }),
+            };
+            let rc = RequestClass {
+                shape: &job.shape.gpu,
+                replicas: job.replicas,
+                clouds: &job.clouds,
+                regions: &job.regions,
+                spot: job.spot,
+            };
+            let next = interned.len() as u32;
+            let class = *interned.entry(rc).or_insert_with(|| {
+                out.class_job.push(job);
+                next
+            });
+            out.queues[t].push(Queued {
+                key: (job.priority, job.requeued, Reverse(job.id.0.as_u128())),
+                job,
+                class,
+                need: Need {
+                    cpu: i64::from(job.shape.cpu_milli),
+                    mem: job.shape.memory_mib as i64,
+                },
+            });
+        }
+        for q in &mut out.queues {
+            // Worst first: pop() takes from the back. Ids as integers order as their bytes do.
+            q.sort_unstable_by_key(|e| e.key);
+        }
+        out
+    }
+}
+
+/// The cycle proper: the working state (capacity minus what running jobs hold) while the queues
+/// are built, then one job at a time.
+fn run_cycle<'scope, 'a>(
+    snap: &'a Snapshot,
+    policy: &'a dyn PackingPolicy,
+    cfg: &'a SchedulerConfig,
+    now: DateTime<Utc>,
+    mut accounts: Accounts,
+    queues: QueuesBuild<'scope, 'a>,
+) -> Decisions {
+    // 1. The working state.
+    let mut state = State::new(&snap.nodes);
     let mut running = Vec::with_capacity(snap.running.len());
     let mut run_model = Vec::with_capacity(snap.running.len());
     for job in &snap.running {
         let team = accounts.team(&job.team);
         running.push((team, job.draining));
-        run_model.push(
-            job.placements
-                .first()
-                .and_then(|p| state.by_id.get(&p.node))
-                .and_then(|&i| state.nodes[i as usize].model),
-        );
-        for p in &job.placements {
+        // The model of the first placement's node (None when that node is unknown).
+        let mut first_model = None;
+        for (r, p) in job.placements.iter().enumerate() {
             let Some(&i) = state.by_id.get(&p.node) else {
                 continue;
             };
             let model = state.nodes[i as usize].model;
+            if r == 0 {
+                first_model = model;
+            }
             state.take(
                 i,
                 i64::from(job.shape.cpu_milli),
@@ -287,6 +390,7 @@ pub fn schedule(
                 1,
             );
         }
+        run_model.push(first_model);
     }
     state.index();
     let models = state.models();
@@ -342,51 +446,42 @@ pub fn schedule(
         out: Decisions::default(),
     };
 
-    // 3. Per-team queues, best first: priority, requeued, then FIFO (ids are time-ordered).
-    // Jobs with the same request share a class, interned once, so the cycle's memos are keyed
-    // by small integers.
-    // Each entry carries its sort key and what a failing attempt reads (queued jobs lie all
-    // over memory; the common path never touches the job itself).
-    let mut queues: Vec<Vec<Queued<'_>>> = vec![Vec::new(); cycle.accounts.teams.len()];
-    let mut interned: FxHashMap<RequestClass<'_>, u32> = FxHashMap::default();
-    for job in &snap.queued {
-        let t = cycle.accounts.team(&job.team);
+    // 3. The queues built meanwhile: priority, requeued, then FIFO (ids are time-ordered).
+    // A team the snapshot does not list gets its index now, in order of first appearance.
+    let built = match queues {
+        QueuesBuild::Done(q) => q,
+        QueuesBuild::Running(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+    };
+    let TeamQueues {
+        queues: built_queues,
+        new_teams,
+        class_job,
+    } = built;
+    let known = built_queues.len() - new_teams.len();
+    let mut queues: Vec<Vec<Queued<'_>>> = Vec::new();
+    for (k, q) in built_queues.into_iter().enumerate() {
+        let t = match k.checked_sub(known) {
+            None => k,
+            Some(n) => cycle.accounts.team(new_teams[n]),
+        };
         if queues.len() <= t {
             queues.resize_with(t + 1, Vec::new);
         }
-        let rc = RequestClass {
-            shape: &job.shape.gpu,
-            replicas: job.replicas,
-            clouds: &job.clouds,
-            regions: &job.regions,
-            spot: job.spot,
-        };
-        let next = interned.len() as u32;
-        let class = *interned.entry(rc).or_insert_with(|| {
-            cycle.class_job.push(job);
-            let shape = &job.shape.gpu;
-            cycle.classes.push(
-                models
-                    .iter()
-                    .copied()
-                    .filter(|m| shape.allows_model(*m) && want_on(shape, *m).is_some())
-                    .collect(),
-            );
-            next
-        });
-        queues[t].push(Queued {
-            key: (job.priority, job.requeued, Reverse(job.id.0.as_u128())),
-            job,
-            class,
-            need: Need {
-                cpu: i64::from(job.shape.cpu_milli),
-                mem: job.shape.memory_mib as i64,
-            },
-        });
+        queues[t] = q;
     }
-    for q in &mut queues {
-        // Worst first: pop() takes from the back. Ids as integers order as their bytes do.
-        q.sort_unstable_by_key(|e| e.key);
+    if queues.len() < cycle.accounts.teams.len() {
+        queues.resize_with(cycle.accounts.teams.len(), Vec::new);
+    }
+    for job in class_job {
+        let shape = &job.shape.gpu;
+        cycle.class_job.push(job);
+        cycle.classes.push(
+            models
+                .iter()
+                .copied()
+                .filter(|m| shape.allows_model(*m) && want_on(shape, *m).is_some())
+                .collect(),
+        );
     }
 
     // 4. Teams by weighted dominant share, smallest first; one job at a time.
@@ -1305,21 +1400,22 @@ impl<'a> Cycle<'a> {
         }
     }
 
-    /// The GPUs of `node` that could take new `class` instances: idle plain GPUs of a MIG
+    /// The GPUs of `node` that could take a new `class` instance: idle plain GPUs of a MIG
     /// model (MIG turned on), or MIG GPUs, keeping the instances in use. Each with the layout
-    /// to start from.
-    fn relayout_bases(&self, i: u32, model: GpuModel) -> Vec<(usize, MigLayout)> {
+    /// to start from. A MIG GPU's room is checked before its layout is built (most GPUs a
+    /// failing search visits have none).
+    fn relayout_bases(&self, i: u32, model: GpuModel, class: MigClass) -> Vec<(usize, MigLayout)> {
         let n = &self.state.nodes[i as usize];
         let mut out = Vec::new();
         for g in 0..n.plain.len() {
-            let base = match &n.mig[g] {
+            let base = match n.mig.get(g).and_then(Option::as_ref) {
                 None if model.mig_capable()
                     && n.plain[g] == packing::GPU_MILLI
                     && !n.plain_pending[g] =>
                 {
                     Some(Vec::new())
                 }
-                Some(m) if !m.pending => Some(m.busy_instances()),
+                Some(m) if !m.pending && m.could_add(class) => Some(m.busy_instances().collect()),
                 _ => None,
             };
             if let Some(Ok(layout)) = base.map(MigLayout::new) {
@@ -1390,7 +1486,7 @@ impl<'a> Cycle<'a> {
                     continue;
                 }
                 let (mut cpu, mut mem) = (n.cpu_free, n.mem_free);
-                for (g, mut layout) in self.relayout_bases(i, model) {
+                for (g, mut layout) in self.relayout_bases(i, model, class) {
                     if layout.free_starts(class).is_empty() {
                         continue;
                     }
@@ -1414,7 +1510,7 @@ impl<'a> Cycle<'a> {
                         continue;
                     }
                     // Keep the idle instances that still fit, so nothing is destroyed needlessly.
-                    if let Some(prev) = &n.mig[g] {
+                    if let Some(prev) = n.mig.get(g).and_then(Option::as_ref) {
                         for inst in prev.layout.instances() {
                             if prev.busy & (1 << inst.start) == 0
                                 && !layout.instances().contains(inst)
@@ -1442,8 +1538,10 @@ impl<'a> Cycle<'a> {
             if covered >= job.replicas as usize && !plan.is_empty() {
                 for (i, g, layout, spare) in plan {
                     let node = self.state.nodes[i as usize].id;
-                    let unchanged = self.state.nodes[i as usize].mig[g as usize]
-                        .as_ref()
+                    let unchanged = self.state.nodes[i as usize]
+                        .mig
+                        .get(g as usize)
+                        .and_then(Option::as_ref)
                         .is_some_and(|m| m.layout == layout);
                     if unchanged {
                         continue;

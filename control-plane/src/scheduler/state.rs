@@ -8,6 +8,7 @@
 //! policy then scores. Every placement updates the buckets of the one node it touched.
 
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use spotplane_core::mig::MigClass;
 use spotplane_core::{Cloud, GpuModel, Market, MigInstance, MigLayout, NodeId};
@@ -51,13 +52,29 @@ impl MigGpu {
             .filter(move |i| i.class == class && self.busy & (1 << i.start) == 0)
     }
 
-    pub fn busy_instances(&self) -> Vec<MigInstance> {
+    pub fn busy_instances(&self) -> impl Iterator<Item = MigInstance> + '_ {
         self.layout
             .instances()
             .iter()
             .copied()
             .filter(|i| self.busy & (1 << i.start) != 0)
-            .collect()
+    }
+
+    /// Whether a layout keeping the instances in use could take one more `class` instance:
+    /// [`MigLayout::free_starts`] of the busy instances, without building the layout.
+    pub fn could_add(&self, class: MigClass) -> bool {
+        let (mut used, mut compute, mut same) = (0u8, 0u8, 0u8);
+        for i in self.busy_instances() {
+            used |= i.mask();
+            compute = compute.saturating_add(i.class.compute_slices());
+            same += u8::from(i.class == class);
+        }
+        class.compute_slices() <= spotplane_core::mig::COMPUTE_SLICES.saturating_sub(compute)
+            && same < class.max_per_gpu()
+            && class
+                .allowed_starts()
+                .iter()
+                .any(|&s| class.mask_at(s) & used == 0)
     }
 }
 
@@ -65,7 +82,8 @@ impl MigGpu {
 pub struct NodeState {
     pub id: NodeId,
     pub cloud: Cloud,
-    pub region: String,
+    /// Interned: one allocation per region, not per node.
+    pub region: std::sync::Arc<str>,
     pub zone: u16,
     pub market: Market,
     pub schedulable: bool,
@@ -73,12 +91,14 @@ pub struct NodeState {
     pub cpu_cap: i64,
     pub cpu_free: i64,
     pub mem_free: i64,
-    /// Milli left per plain GPU; 0 for GPUs in MIG mode or with a pending re-layout.
-    pub plain: Vec<u32>,
-    /// MIG state per GPU; `None` for plain GPUs.
+    /// Milli left per plain GPU; 0 for GPUs in MIG mode or with a pending re-layout. Inline
+    /// up to eight GPUs: building the state for every node each cycle allocates nothing.
+    pub plain: SmallVec<[u32; 8]>,
+    /// MIG state per GPU; `None` for plain GPUs. Empty (no allocation) on a node without a
+    /// GPU in MIG mode: read it with `get`.
     pub mig: Vec<Option<MigGpu>>,
     /// Plain GPUs switched to MIG (or back) this cycle: untouchable until applied.
-    pub plain_pending: Vec<bool>,
+    pub plain_pending: SmallVec<[bool; 8]>,
     /// A stable per-node tie-break, so equal scores pick the same node every cycle.
     pub tiebreak: u32,
     /// Bumped whenever the node's free capacity changes (for caches of scores).
@@ -99,8 +119,9 @@ pub struct State {
     pub nodes: Vec<NodeState>,
     pub by_id: FxHashMap<NodeId, u32>,
     pub zones: Vec<String>,
-    /// Per (model, slot).
-    indexes: FxHashMap<(GpuModel, usize), BucketIndex>,
+    /// Per (model, slot), at `model as usize * SLOTS + slot` (dense: every queued job reads
+    /// them).
+    indexes: Vec<Option<BucketIndex>>,
     /// Nodes that can take CPU-only replicas, in index order.
     cpu_nodes: Vec<u32>,
     /// Whether [`State::index`] has run; before, changes skip the indexes.
@@ -119,6 +140,7 @@ pub enum Want {
 impl State {
     pub fn new(snap_nodes: &[NodeSnap]) -> State {
         let mut zones: Vec<String> = Vec::new();
+        let mut regions: Vec<std::sync::Arc<str>> = Vec::new();
         let mut nodes = Vec::with_capacity(snap_nodes.len());
         let mut by_id = FxHashMap::with_capacity_and_hasher(snap_nodes.len(), Default::default());
         for (i, n) in snap_nodes.iter().enumerate() {
@@ -134,25 +156,35 @@ impl State {
                 .iter()
                 .map(|g| if *g == GpuSnap::Plain { GPU_MILLI } else { 0 })
                 .collect();
-            let mig = n
-                .gpus
-                .iter()
-                .map(|g| match g {
-                    GpuSnap::Plain | GpuSnap::Relayout => None,
-                    GpuSnap::Mig(l) => Some(MigGpu {
-                        layout: l.clone(),
-                        busy: 0,
-                        pending: false,
-                    }),
-                })
-                .collect();
+            let mig = if n.gpus.iter().any(|g| matches!(g, GpuSnap::Mig(_))) {
+                n.gpus
+                    .iter()
+                    .map(|g| match g {
+                        GpuSnap::Plain | GpuSnap::Relayout => None,
+                        GpuSnap::Mig(l) => Some(MigGpu {
+                            layout: l.clone(),
+                            busy: 0,
+                            pending: false,
+                        }),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             // A tie-break derived from the node id: stable across cycles, spread across nodes.
             let tiebreak = (n.id.0.as_u128() as u32) ^ ((n.id.0.as_u128() >> 64) as u32);
             by_id.insert(n.id, i as u32);
             nodes.push(NodeState {
                 id: n.id,
                 cloud: n.cloud,
-                region: n.region.clone(),
+                region: match regions.iter().find(|r| ***r == *n.region) {
+                    Some(r) => std::sync::Arc::clone(r),
+                    None => {
+                        let r: std::sync::Arc<str> = n.region.as_str().into();
+                        regions.push(std::sync::Arc::clone(&r));
+                        r
+                    }
+                },
                 zone,
                 market: n.market,
                 schedulable: n.schedulable,
@@ -172,7 +204,7 @@ impl State {
             nodes,
             by_id,
             zones,
-            indexes: FxHashMap::default(),
+            indexes: vec![None; GpuModel::ALL.len() * SLOTS],
             cpu_nodes: Vec::new(),
             indexed: false,
         }
@@ -204,7 +236,6 @@ impl State {
             live()
                 .filter(|g| {
                     g.busy_instances()
-                        .iter()
                         .map(|i| u32::from(i.class.memory_slices()))
                         .sum::<u32>()
                         < 8
@@ -239,7 +270,7 @@ impl State {
             if old_bucket == new_bucket {
                 continue;
             }
-            let index = self.indexes.entry((model, slot)).or_default();
+            let index = self.indexes[model as usize * SLOTS + slot].get_or_insert_default();
             if old_bucket != ABSENT {
                 let bucket = &mut index.buckets[old_bucket as usize];
                 bucket.swap_remove(old_pos as usize);
@@ -269,8 +300,7 @@ impl State {
             Want::Share(m) => (SHARE, (m / SHARE_BUCKET) as usize),
             Want::Mig(c) => (mig_slot(c), 1),
         };
-        self.indexes
-            .get(&(model, slot))
+        self.bucket_index(model, slot)
             .into_iter()
             .flat_map(move |idx| idx.buckets.iter().skip(from).flatten().copied())
     }
@@ -284,8 +314,7 @@ impl State {
             Want::Share(m) => (SHARE, (m / SHARE_BUCKET) as usize),
             Want::Mig(c) => (mig_slot(c), 1),
         };
-        self.indexes
-            .get(&(model, slot))
+        self.bucket_index(model, slot)
             .is_some_and(|idx| idx.buckets.iter().skip(from).any(|b| !b.is_empty()))
     }
 
@@ -300,7 +329,7 @@ impl State {
             Want::Share(m) => (SHARE, (m / SHARE_BUCKET) as usize),
             Want::Mig(c) => (mig_slot(c), 1),
         };
-        let Some(idx) = self.indexes.get(&(model, slot)) else {
+        let Some(idx) = self.bucket_index(model, slot) else {
             return 0;
         };
         let mut total = 0u64;
@@ -338,8 +367,7 @@ impl State {
         slot: usize,
         from: usize,
     ) -> impl Iterator<Item = u32> + '_ {
-        self.indexes
-            .get(&(model, slot))
+        self.bucket_index(model, slot)
             .into_iter()
             .flat_map(move |idx| idx.buckets.iter().skip(from).flatten().copied())
     }
@@ -351,10 +379,23 @@ impl State {
 
     /// Models that have indexed nodes.
     pub fn models(&self) -> Vec<GpuModel> {
-        let mut m: Vec<GpuModel> = self.indexes.keys().map(|(m, _)| *m).collect();
+        let mut m: Vec<GpuModel> = GpuModel::ALL
+            .into_iter()
+            .filter(|m| (0..SLOTS).any(|slot| self.bucket_index(*m, slot).is_some()))
+            .collect();
         m.sort();
-        m.dedup();
         m
+    }
+
+    /// The index of (model, slot), if any node was ever put in it; `None` for a slot out of
+    /// range (CPU-only requests have none).
+    fn bucket_index(&self, model: GpuModel, slot: usize) -> Option<&BucketIndex> {
+        if slot >= SLOTS {
+            return None;
+        }
+        self.indexes
+            .get(model as usize * SLOTS + slot)
+            .and_then(Option::as_ref)
     }
 
     /// Whether `assigned` is free on node `i` for a replica of `cpu`/`mem`.

@@ -178,6 +178,50 @@ fn admitted(d: &Decisions) -> Vec<JobId> {
 const H100: GpuModel = GpuModel::H100_80GB;
 
 #[test]
+fn a_large_queue_built_on_a_second_thread_gives_the_same_cycle_as_one_built_in_line() {
+    // Above the threshold the queues are built on another thread; teams the snapshot does not
+    // list (here `ghost`, queued and running, and `phantom`) still get their index in order of
+    // first appearance, so every decision is the same as with the queues built in line.
+    let nodes: Vec<NodeSnap> = (1..=40).map(|n| node(n, H100, 8, "a")).collect();
+    let teams = vec![
+        team("research", 1.0, None, &[]),
+        team("product", 2.0, None, &[]),
+    ];
+    let names = ["research", "ghost", "product", "phantom"];
+    let queue: Vec<QueuedJob> = (1..=5_000u128)
+        .map(|i| {
+            let gpu = match i % 4 {
+                0 => whole(1),
+                1 => whole(2),
+                2 => share(300),
+                _ => whole(8),
+            };
+            queued(i, names[(i % 4) as usize], gpu, 1, (i % 3) as i32)
+        })
+        .collect();
+    let ghost = running(
+        100_000,
+        "ghost",
+        whole(4),
+        0,
+        vec![(1, Assigned::Whole(vec![0, 1, 2, 3]))],
+        1,
+    );
+    let snap = Snapshot {
+        nodes,
+        running: vec![ghost],
+        queued: queue,
+        teams,
+    };
+    assert!(snap.queued.len() >= super::PARALLEL_QUEUES);
+    let cfg = SchedulerConfig::default();
+    let threaded = schedule(&snap, &Tightest, &cfg, now());
+    let in_line = super::schedule_with(&snap, &Tightest, &cfg, now(), false);
+    assert!(!threaded.admissions.is_empty());
+    assert_eq!(threaded, in_line);
+}
+
+#[test]
 fn whole_gpu_jobs_get_that_many_idle_gpus_on_one_node() {
     let snap = Snapshot {
         nodes: vec![node(1, H100, 8, "a")],
