@@ -218,11 +218,7 @@ pub fn consolidate(
     }
     candidates.sort();
 
-    let cfg = SchedulerConfig {
-        preemption: false,
-        dynamic_mig: false,
-        ..SchedulerConfig::default()
-    };
+    let cfg = simulation_config();
     // The fleet as the drains chosen so far leave it.
     let mut world = Snapshot {
         nodes: snap.nodes.clone(),
@@ -401,11 +397,7 @@ fn replacement(
         .filter(|(e, _)| *e < price.0 as f64)
         .collect();
     cheaper.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.id().cmp(&b.1.id())));
-    let cfg = SchedulerConfig {
-        preemption: false,
-        dynamic_mig: false,
-        ..SchedulerConfig::default()
-    };
+    let cfg = simulation_config();
     for (expected, offer) in cheaper.into_iter().take(s.max_replacements) {
         let Some(model) = offer.gpu_model else {
             continue;
@@ -432,6 +424,16 @@ fn replacement(
         }
     }
     None
+}
+
+/// How the scheduler is run to see where work would go: no preemption (moving work must not
+/// push other work out) and no MIG re-layout (a re-layout is not a place to run yet).
+fn simulation_config() -> SchedulerConfig {
+    SchedulerConfig {
+        preemption: false,
+        dynamic_mig: false,
+        ..SchedulerConfig::default()
+    }
 }
 
 /// GPU-milli the placements hold on `node` (CPU-only work counts its CPU in thousandths).
