@@ -53,6 +53,13 @@ const LIVE: [NodeState; 5] = [
     NodeState::Terminating,
 ];
 
+/// How long a running job's work left, read from its history, is aged with the clock before it
+/// is read again (consolidation).
+const REMAINING_REFRESH: Duration = Duration::minutes(30);
+
+/// Job histories consolidation reads in one round at most.
+const REMAINING_QUERIES: usize = 256;
+
 /// How long a node that just became ready counts as arriving capacity.
 const JUST_READY: Duration = Duration::minutes(1);
 
@@ -147,6 +154,8 @@ pub struct CapacityLoop {
     idle_since: HashMap<NodeId, DateTime<Utc>>,
     /// Per node, the jobs on it and since when they have been the same (for consolidation).
     node_jobs: HashMap<NodeId, (Vec<JobId>, DateTime<Utc>)>,
+    /// Per running job with `work_hours`: when its work left was read, and how much it was.
+    remaining: HashMap<JobId, (DateTime<Utc>, f64)>,
     /// Spot nodes whose notice has been counted against their pool.
     noticed: std::collections::HashSet<NodeId>,
     last_round: Option<DateTime<Utc>>,
@@ -172,6 +181,7 @@ impl CapacityLoop {
             unavailable: Unavailable::default(),
             idle_since: HashMap::new(),
             node_jobs: HashMap::new(),
+            remaining: HashMap::new(),
             noticed: std::collections::HashSet::new(),
             last_round: None,
             budgets: BTreeMap::new(),
@@ -376,9 +386,8 @@ impl CapacityLoop {
                 report.released += 1;
             }
         }
-        if demand_waits {
-            self.node_jobs.clear();
-        } else {
+        self.track_node_jobs(&snap, now);
+        if !demand_waits {
             self.consolidate(&snap, &nodes, now, &mut report).await?;
         }
         // A spot node with a notice: its pool is interrupting now; set it aside for a while
@@ -412,17 +421,8 @@ impl CapacityLoop {
         Ok(report)
     }
 
-    /// Consolidation: drains the nodes [`planner::consolidate`] picks. Runs only while no job
-    /// waits for capacity.
-    async fn consolidate(
-        &mut self,
-        snap: &crate::scheduler::Snapshot,
-        nodes: &[crate::model::Node],
-        now: DateTime<Utc>,
-        report: &mut CapacityReport,
-    ) -> Result<(), StoreError> {
-        let s = &self.settings.consolidation;
-        // Since when each node's set of jobs is what it is.
+    /// Since when each node's set of jobs is what it is (Karpenter's `consolidateAfter` clock).
+    fn track_node_jobs(&mut self, snap: &crate::scheduler::Snapshot, now: DateTime<Utc>) {
         let mut held: HashMap<NodeId, Vec<JobId>> = HashMap::new();
         for r in &snap.running {
             for p in &r.placements {
@@ -445,6 +445,60 @@ impl CapacityLoop {
                 }
             }
         }
+    }
+
+    /// Work left of a running job with `work_hours`, from its history; remembered and aged
+    /// with the clock for [`REMAINING_REFRESH`], and at most [`REMAINING_QUERIES`] histories
+    /// read per round (a job not read yet counts as of unknown length), so a large fleet does
+    /// not read every job's history every round.
+    async fn remaining_hours(
+        &mut self,
+        snap: &crate::scheduler::Snapshot,
+        now: DateTime<Utc>,
+    ) -> Result<HashMap<JobId, f64>, StoreError> {
+        let running: std::collections::HashSet<JobId> = snap.running.iter().map(|r| r.id).collect();
+        self.remaining.retain(|id, _| running.contains(id));
+        let mut out = HashMap::new();
+        let mut queries = 0;
+        for r in &snap.running {
+            let Some(spec) = self.cache.get(r.id) else {
+                continue;
+            };
+            let Some(work) = spec.work_hours else {
+                continue;
+            };
+            let hours = |d: Duration| d.num_milliseconds().max(0) as f64 / 3_600_000.0;
+            match self.remaining.get(&r.id) {
+                Some((at, left)) if now - *at < REMAINING_REFRESH && now >= *at => {
+                    out.insert(r.id, (left - hours(now - *at)).max(0.0));
+                }
+                _ if queries < REMAINING_QUERIES => {
+                    queries += 1;
+                    let checkpoint_hours = spec
+                        .checkpoint
+                        .as_ref()
+                        .map(|c| f64::from(c.interval_s) / 3600.0);
+                    let left =
+                        (work - self.progress_hours(r.id, checkpoint_hours, now).await?).max(0.0);
+                    self.remaining.insert(r.id, (now, left));
+                    out.insert(r.id, left);
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// Consolidation: drains the nodes [`planner::consolidate`] picks. Runs only while no job
+    /// waits for capacity.
+    async fn consolidate(
+        &mut self,
+        snap: &crate::scheduler::Snapshot,
+        nodes: &[crate::model::Node],
+        now: DateTime<Utc>,
+        report: &mut CapacityReport,
+    ) -> Result<(), StoreError> {
+        let s = self.settings.consolidation.clone();
         if !s.enabled {
             return Ok(());
         }
@@ -472,21 +526,13 @@ impl CapacityLoop {
         }
         // What the planner knows of each running job (how long the work on a target lasts
         // matters as much as the work moved).
+        let remaining = self.remaining_hours(snap, now).await?;
         let mut jobs: HashMap<JobId, MovableJob> = HashMap::new();
         for r in &snap.running {
             let Some(spec) = self.cache.get(r.id) else {
                 continue;
             };
-            let checkpoint_hours = spec
-                .checkpoint
-                .as_ref()
-                .map(|c| f64::from(c.interval_s) / 3600.0);
-            let remaining_hours = match spec.work_hours {
-                Some(w) => {
-                    Some((w - self.progress_hours(r.id, checkpoint_hours, now).await?).max(0.0))
-                }
-                None => None,
-            };
+            let remaining_hours = remaining.get(&r.id).copied();
             jobs.insert(
                 r.id,
                 MovableJob {
@@ -514,7 +560,7 @@ impl CapacityLoop {
             offers: &offers,
             pools: &self.pools,
         };
-        let chosen = planner::consolidate(now, input, s);
+        let chosen = planner::consolidate(now, input, &s);
         for c in chosen {
             let reason = match &c.replacement {
                 None => format!(
