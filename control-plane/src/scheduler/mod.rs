@@ -300,8 +300,10 @@ struct TeamQueues<'a> {
 
 impl<'a> TeamQueues<'a> {
     fn build(queued: &'a [QueuedJob], known: &FxHashMap<spotplane_core::TeamName, usize>) -> Self {
+        // Keys past every known index (indexes need not be dense).
+        let base = known.values().max().map_or(0, |m| m + 1);
         let mut out = TeamQueues {
-            queues: vec![Vec::new(); known.len()],
+            queues: vec![Vec::new(); base],
             new_teams: Vec::new(),
             class_job: Vec::new(),
         };
@@ -457,7 +459,7 @@ fn run_cycle<'scope, 'a>(
         new_teams,
         class_job,
     } = built;
-    let known = built_queues.len() - new_teams.len();
+    let known = built_queues.len().saturating_sub(new_teams.len());
     let mut queues: Vec<Vec<Queued<'_>>> = Vec::new();
     for (k, q) in built_queues.into_iter().enumerate() {
         let t = match k.checked_sub(known) {
