@@ -62,7 +62,7 @@ use spotplane_providers::Offer;
 use crate::planner::{PoolStats, expected_hourly};
 use crate::scheduler::policies::BestFit;
 use crate::scheduler::{
-    Assigned, GpuSnap, NodeSnap, QueuedJob, SchedulerConfig, Snapshot, packing, schedule,
+    GpuSnap, NodeSnap, QueuedJob, SchedulerConfig, Snapshot, packing, schedule,
 };
 
 /// Tunables of consolidation.
@@ -209,10 +209,7 @@ pub fn consolidate(
                 .is_some_and(|w| w < after_hours)
         });
         if movable && !ends_soon {
-            let used: u64 = held
-                .iter()
-                .map(|&i| milli_on(&snap.running[i].placements, n.id))
-                .sum();
+            let used: u64 = held.iter().map(|&i| milli_on(&snap.running[i], n.id)).sum();
             candidates.push((used, -cost.price.0, n.id));
         }
     }
@@ -253,7 +250,7 @@ pub fn consolidate(
             let Some(m) = jobs.get(&r.id) else {
                 continue;
             };
-            let share = (milli_on(&r.placements, node) as f64 / node_milli).min(1.0);
+            let share = (milli_on(r, node) as f64 / node_milli).min(1.0);
             move_cost += m.restart_hours * share * cost.price.0 as f64;
             longest = match (longest, m.remaining_hours) {
                 (Some(l), Some(w)) => Some(l.max(w)),
@@ -436,20 +433,11 @@ fn simulation_config() -> SchedulerConfig {
     }
 }
 
-/// GPU-milli the placements hold on `node` (CPU-only work counts its CPU in thousandths).
-fn milli_on(placements: &[crate::scheduler::Placement], node: NodeId) -> u64 {
-    placements
-        .iter()
-        .filter(|p| p.node == node)
-        .map(|p| match &p.assigned {
-            Assigned::CpuOnly => 0,
-            Assigned::Whole(g) => g.len() as u64 * u64::from(packing::GPU_MILLI),
-            Assigned::Share { milli, .. } => u64::from(*milli),
-            Assigned::Mig { instance, .. } => (u64::from(instance.class.compute_slices())
-                * u64::from(packing::GPU_MILLI))
-            .div_ceil(7),
-        })
-        .sum()
+/// GPU-milli job `r` holds on `node`: its shape's share per replica (as quotas count it)
+/// times its replicas there; CPU-only work holds none.
+fn milli_on(r: &crate::scheduler::RunningJob, node: NodeId) -> u64 {
+    let replicas = r.placements.iter().filter(|p| p.node == node).count() as u64;
+    u64::from(r.shape.gpu.gpu_milli()) * replicas
 }
 
 fn node_milli(n: &crate::scheduler::NodeSnap) -> f64 {
@@ -466,7 +454,7 @@ mod tests {
     use spotplane_core::{GpuModel, Market};
 
     use super::*;
-    use crate::scheduler::{GpuSnap, NodeSnap, Placement, RunningJob, TeamSnap};
+    use crate::scheduler::{Assigned, GpuSnap, NodeSnap, Placement, RunningJob, TeamSnap};
 
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0)
