@@ -3,11 +3,14 @@
 //!
 //! For each size: write a checkpoint of that size (several shard files of pseudo-random
 //! bytes, so nothing compresses) into a scratch directory; copy it plainly to the target
-//! (`file://`: `std::fs::copy` file by file; object stores: one multipart upload per file, same
-//! part size and parallelism, no checksums, no manifest); then do what the agent does on a
-//! notice — signal a workload whose checkpoint this is, wait for its marker, hash and upload
-//! every file, write the manifest — and time it. The ratio is the plain copy's time over the
-//! agent's (1.0: as fast as a plain copy). The process's resident memory is sampled every
+//! (`file://`: `std::fs::copy` file by file, then `fsync` of each file and of the folder, the
+//! point where the copy is as durable as the agent's checkpoint; object stores: one multipart
+//! upload per file, same part size and parallelism, no checksums, no manifest); then do what
+//! the agent does on a notice — signal a workload whose checkpoint this is, wait for its
+//! marker, hash and upload every file, write the manifest — and time it. The ratio is the
+//! plain copy's time over the agent's (1.0: as fast as a plain copy). For a local folder the
+//! copy's time before its `fsync`s (the bytes only in the page cache) is reported too, with
+//! its own ratio. The process's resident memory is sampled every
 //! 20 ms: before any checkpoint is made (idle) and its peak during the uploads.
 
 use std::path::{Path, PathBuf};
@@ -162,14 +165,15 @@ fn write_checkpoint(dir: &Path, size: u64, files: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The plain copy of every file of `dir` to `target`.
+/// The plain copy of every file of `dir` to `target`: the time until the bytes are in the
+/// target's page cache (local folder only) and until they are durable.
 async fn plain_copy(
     dir: &Path,
     target: &str,
     options: &[(String, String)],
     part: usize,
     concurrency: usize,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<(Duration, Duration)> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file() && !p.ends_with(crate::workload::MARKER))
@@ -179,11 +183,18 @@ async fn plain_copy(
     if let Some(local) = target.strip_prefix("file://") {
         let out = Path::new(local).join("plain-copy");
         std::fs::create_dir_all(&out)?;
+        let mut copies = Vec::with_capacity(files.len());
         for f in &files {
             let name = f.file_name().context("file name")?;
             std::fs::copy(f, out.join(name))?;
+            copies.push(out.join(name));
         }
-        return Ok(started.elapsed());
+        let cached = started.elapsed();
+        for c in &copies {
+            std::fs::File::open(c)?.sync_all()?;
+        }
+        std::fs::File::open(&out)?.sync_all()?;
+        return Ok((cached, started.elapsed()));
     }
     let (store, root, _) = open_store(target, options)?;
     for f in &files {
@@ -215,7 +226,8 @@ async fn plain_copy(
         }
         w.finish().await?;
     }
-    Ok(started.elapsed())
+    let done = started.elapsed();
+    Ok((done, done))
 }
 
 /// Writes back dirty pages (`sync`), so that one phase's writes are not paid by the next.
@@ -238,11 +250,15 @@ struct Row {
     bytes: u64,
     files: u64,
     plain_copy_s: f64,
+    /// Local folder: the plain copy until its bytes were in the page cache, not yet durable.
+    plain_copy_cached_s: f64,
     notice_to_durable_s: f64,
     upload_s: f64,
     agent_mib_s: f64,
     plain_mib_s: f64,
     ratio: f64,
+    /// `plain_copy_cached_s` over the agent's time.
+    ratio_cached: f64,
     rss_idle_mib: f64,
     rss_peak_mib: f64,
 }
@@ -276,15 +292,17 @@ pub async fn upload(args: UploadBenchArgs) -> anyhow::Result<()> {
     )?;
     if !args.json {
         println!(
-            "{:<28} {:>9} {:>6} {:>10} {:>10} {:>10} {:>10} {:>6} {:>9} {:>9}",
+            "{:<28} {:>9} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>9} {:>9}",
             "target",
             "size",
             "files",
+            "cached s",
             "plain s",
             "durable s",
             "plain MiB/s",
             "agent MiB/s",
             "ratio",
+            "(cached)",
             "idle MiB",
             "peak MiB"
         );
@@ -312,7 +330,8 @@ pub async fn upload(args: UploadBenchArgs) -> anyhow::Result<()> {
         };
         let mut w = Workload::start(&launch)?;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let (mut plain, mut durable, mut uploads) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut plain, mut cached, mut durable, mut uploads) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut peak = 0u64;
         for run in 0..args.runs.max(1) {
             // Each phase starts with no dirty pages left by the other (otherwise the second
@@ -327,7 +346,7 @@ pub async fn upload(args: UploadBenchArgs) -> anyhow::Result<()> {
                     cfg.part_concurrency,
                 )
                 .await
-                .map(|d| d.as_secs_f64())
+                .map(|(c, d)| (c.as_secs_f64(), d.as_secs_f64()))
             };
             let agent_phase = async {
                 flush_dirty_pages();
@@ -360,25 +379,28 @@ pub async fn upload(args: UploadBenchArgs) -> anyhow::Result<()> {
                 let a = agent_phase.await?;
                 (plain_phase.await?, a)
             };
-            plain.push(p);
+            cached.push(p.0);
+            plain.push(p.1);
             peak = peak.max(rss);
             durable.push(d);
             uploads.push(u);
             clear_target(&args.target);
         }
         w.stop(Duration::from_secs(2)).await;
-        let (p, d) = (median(plain), median(durable));
+        let (p, c, d) = (median(plain), median(cached), median(durable));
         let mib = *size as f64 / f64::from(1u32 << 20);
         let row = Row {
             target: args.target.clone(),
             bytes: *size,
             files: args.files,
             plain_copy_s: p,
+            plain_copy_cached_s: c,
             notice_to_durable_s: d,
             upload_s: median(uploads),
             agent_mib_s: mib / d,
             plain_mib_s: mib / p,
             ratio: p / d,
+            ratio_cached: c / d,
             rss_idle_mib: idle as f64 / f64::from(1u32 << 20),
             rss_peak_mib: peak as f64 / f64::from(1u32 << 20),
         };
@@ -386,15 +408,17 @@ pub async fn upload(args: UploadBenchArgs) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&row)?);
         } else {
             println!(
-                "{:<28} {:>9} {:>6} {:>10.2} {:>10.2} {:>10.0} {:>10.0} {:>6.2} {:>9.1} {:>9.1}",
+                "{:<28} {:>9} {:>6} {:>10.2} {:>10.2} {:>10.2} {:>10.0} {:>10.0} {:>6.2} {:>8.2} {:>9.1} {:>9.1}",
                 row.target.chars().take(28).collect::<String>(),
                 format!("{:.1}GiB", *size as f64 / f64::from(1u32 << 30)),
                 row.files,
+                row.plain_copy_cached_s,
                 row.plain_copy_s,
                 row.notice_to_durable_s,
                 row.plain_mib_s,
                 row.agent_mib_s,
                 row.ratio,
+                row.ratio_cached,
                 row.rss_idle_mib,
                 row.rss_peak_mib
             );

@@ -14,6 +14,12 @@
 //! greatest id with a manifest. Each file's SHA-256 is computed while it is read for upload
 //! and checked again on restore.
 //!
+//! A local folder (a disk or a network mount) is made as durable as an object store's
+//! acknowledged put, which object_store's local store is not: each file is synced before it is
+//! renamed into place, the folders naming the files before the manifest is written, and the
+//! manifest (synced, renamed, its folder synced) before the upload returns. A crash of the node
+//! at any point leaves the checkpoint whole or absent.
+//!
 //! Large files go in multipart uploads whose parts are uploaded concurrently; several files go
 //! at once. The object store's client retries failed requests (5xx, resets) with backoff; a
 //! file whose upload still fails is started over, a few times, before the checkpoint fails.
@@ -313,7 +319,18 @@ impl CheckpointStore {
                     reason: e.to_string(),
                 })?;
             let location = prefix.clone().join(MANIFEST);
-            self.store.put(&location, PutPayload::from(body)).await?;
+            match &self.local {
+                // A local folder is durable only once the files, the folders that name them
+                // and then the manifest are on disk, in that order (object_store's local
+                // store does not sync).
+                Some(local) => {
+                    sync_folders(local, &prefix, &manifest.files).await?;
+                    put_local_bytes(local, &location, body).await?;
+                }
+                None => {
+                    self.store.put(&location, PutPayload::from(body)).await?;
+                }
+            }
             Ok::<_, CheckpointError>((manifest, location))
         };
         let (manifest, location) = match deadline {
@@ -677,9 +694,11 @@ impl CheckpointStore {
 }
 
 /// A file into the local store: the kernel copies it to a temporary name beside its place
-/// (`copy_file_range`: no byte passes through this process) while a second thread reads and
-/// hashes it; then it is renamed into place. The workload leaves its checkpoint alone while the
-/// marker exists, so both read the same bytes (and a restore checks them again).
+/// (`copy_file_range`: no byte passes through this process) and writes it to disk (`fsync`)
+/// while a second thread reads and hashes it; then it is renamed into place. The workload
+/// leaves its checkpoint alone while the marker exists, so both read the same bytes (and a
+/// restore checks them again). The rename is made durable by [`sync_folders`] before the
+/// manifest is written.
 async fn put_local(
     store: &LocalFileSystem,
     f: &LocalFile,
@@ -699,7 +718,11 @@ async fn put_local(
             .map_err(io(format!("creating {}", dir.display())))?;
     }
     let (src, dst) = (f.abs.clone(), tmp.clone());
-    let copy = tokio::task::spawn_blocking(move || std::fs::copy(&src, &dst));
+    let copy = tokio::task::spawn_blocking(move || {
+        let n = std::fs::copy(&src, &dst)?;
+        std::fs::File::open(&dst)?.sync_all()?;
+        Ok::<_, std::io::Error>(n)
+    });
     let src = f.abs.clone();
     let hash = tokio::task::spawn_blocking(move || -> std::io::Result<(String, u64)> {
         use std::io::Read;
@@ -749,6 +772,76 @@ async fn put_local(
             Err(e)
         }
     }
+}
+
+/// Writes `body` at `location` of the local store durably: a temporary file beside it,
+/// synced, renamed into place, and its folder synced.
+async fn put_local_bytes(
+    store: &LocalFileSystem,
+    location: &Path,
+    body: Vec<u8>,
+) -> Result<(), CheckpointError> {
+    let target = store.path_to_filesystem(location)?;
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let dir = target
+            .parent()
+            .ok_or_else(|| std::io::Error::other("no parent folder"))?;
+        std::fs::create_dir_all(dir)?;
+        let tmp = target.with_extension("spotplane-partial");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &target)?;
+        sync_dir(dir)
+    })
+    .await
+    .map_err(|e| CheckpointError::Io {
+        what: "writing".into(),
+        source: std::io::Error::other(e),
+    })?
+    .map_err(io(format!("writing {location} durably")))
+}
+
+/// Makes the names of a checkpoint's files durable: every folder from the files' own up to the
+/// checkpoint's parent (the replica's folder, which gained the checkpoint's) is synced.
+async fn sync_folders(
+    store: &LocalFileSystem,
+    prefix: &Path,
+    files: &[ManifestFile],
+) -> Result<(), CheckpointError> {
+    let top = store.path_to_filesystem(prefix)?;
+    let mut dirs = std::collections::BTreeSet::new();
+    for f in files {
+        let target = store.path_to_filesystem(&under(prefix, &["files", &f.path]))?;
+        let mut dir = target.parent();
+        while let Some(d) = dir {
+            if !dirs.insert(d.to_owned()) || d == top {
+                break;
+            }
+            dir = d.parent();
+        }
+    }
+    dirs.insert(top.clone());
+    if let Some(parent) = top.parent() {
+        dirs.insert(parent.to_owned());
+    }
+    tokio::task::spawn_blocking(move || {
+        for d in &dirs {
+            sync_dir(d).map_err(io(format!("syncing {}", d.display())))?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| CheckpointError::Io {
+        what: "syncing".into(),
+        source: std::io::Error::other(e),
+    })?
+}
+
+/// `fsync` of a folder, which makes the names in it durable.
+fn sync_dir(dir: &FsPath) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Part buffers of one upload, reused: at most one buffer per permit of the memory budget is

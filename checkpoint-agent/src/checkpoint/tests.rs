@@ -91,6 +91,21 @@ async fn a_directory_round_trips_through_the_local_store_with_checksums() {
             ))
             .exists()
     );
+    // Written through temporary names, synced and renamed: none of them is left behind.
+    let mut left = vec![tmp.path().join("bucket")];
+    while let Some(d) = left.pop() {
+        for e in std::fs::read_dir(&d).expect("list") {
+            let p = e.expect("entry").path();
+            assert!(
+                !p.to_string_lossy().contains("spotplane-partial"),
+                "{} left in the store",
+                p.display()
+            );
+            if p.is_dir() {
+                left.push(p);
+            }
+        }
+    }
 
     assert_eq!(store.checkpoints(0).await.expect("list"), [m.checkpoint_id]);
     let dest = tmp.path().join("restored");
