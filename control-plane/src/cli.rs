@@ -113,6 +113,10 @@ pub struct ReplayArgs {
     /// Run spotplane's policy without consolidation (to measure what it saves).
     #[arg(long)]
     pub no_consolidation: bool,
+    /// Give `cheapest-spot-failover` spotplane's node agents, which checkpoint on a termination
+    /// notice (SkyPilot's managed jobs have none), to compare the buying policies alone.
+    #[arg(long)]
+    pub baseline_hears_notices: bool,
     /// One JSON object per policy and line.
     #[arg(long)]
     pub json: bool,

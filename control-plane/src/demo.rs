@@ -187,6 +187,7 @@ fn world_spec(config: &Config, args: &DemoArgs, days: f64) -> anyhow::Result<Rep
         max_jobs: 400,
         seconds_per_step: 0.1,
         consolidation: true,
+        baseline_hears_notices: false,
     })
 }
 

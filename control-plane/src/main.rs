@@ -205,6 +205,7 @@ async fn replay_cmd(config: &Config, args: &spotplane::cli::ReplayArgs) -> anyho
         max_jobs: args.max_jobs,
         seconds_per_step: args.seconds_per_step,
         consolidation: !args.no_consolidation,
+        baseline_hears_notices: args.baseline_hears_notices,
     };
     anyhow::ensure!(
         args.seconds_per_step > 0.0,
@@ -216,11 +217,12 @@ async fn replay_cmd(config: &Config, args: &spotplane::cli::ReplayArgs) -> anyho
             println!("{}", serde_json::to_string(&o)?);
         } else {
             println!(
-                "{:<24} cost ${:>10.2}  on-demand equivalent ${:>10.2}  saved {:>5.1}%  jobs {}/{}  deadline misses {}  lost {:.2} GPU-h of {:.1} run ({:.2}%)  queue {:.0} s  preemptions {} (recovered {})  notice->durable p50 {:.0} s p99 {:.0} s  notice->resumed p50 {:.0} s p99 {:.0} s  nodes {} ({} on-demand, {} consolidated)  ({:.1} s)",
+                "{:<24} cost ${:>10.2}  on-demand equivalent ${:>10.2}  saved {:>5.1}%  ${:.4} per GPU-h kept  jobs {}/{}  deadline misses {}  lost {:.2} GPU-h of {:.1} run ({:.2}%)  queue {:.0} s  preemptions {} (recovered {})  notice->durable p50 {:.0} s p99 {:.0} s  notice->resumed p50 {:.0} s p99 {:.0} s  nodes {} ({} on-demand, {} consolidated)  ({:.1} s)",
                 o.policy,
                 o.total_cost_usd,
                 o.ondemand_equivalent_usd,
                 o.saving_pct,
+                o.usd_per_useful_gpu_hour,
                 o.jobs_finished,
                 o.jobs_submitted,
                 o.deadline_misses,

@@ -17,8 +17,17 @@
 //! the resume point, recording lost work, what is bought, where, when it is released, noticing
 //! that a node is gone — is the control plane's own loops (recovery, scheduling, capacity).
 //!
+//! The `cheapest-spot-failover` baseline models SkyPilot's managed jobs, which have no agent on
+//! the node and do not pass a termination notice to the job (skypilot-org/skypilot#5041): its
+//! agents do not watch for notices and its recovery loop does not read the clouds' event
+//! streams, so a preempted job is found when its instance is gone and resumes from its last
+//! periodic checkpoint. `--baseline-hears-notices` gives it spotplane's agents instead, which
+//! leaves only the buying policies to compare.
+//!
 //! Cost is every node's price in force times the time it was held (bought to terminated); the
-//! on-demand equivalent is the same node-hours at the same capacity's on-demand price.
+//! on-demand equivalent is the same node-hours at the same capacity's on-demand price. Work
+//! kept is what replicas ran minus what was lost; cost per GPU-hour of work kept compares
+//! policies that got different amounts done in the same span.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -112,6 +121,10 @@ pub struct ReplayOutcome {
     pub run_gpu_hours: f64,
     /// Lost work as a share of the GPU time replicas ran, in percent.
     pub lost_work_pct: f64,
+    /// GPU-hours of work kept: run minus lost.
+    pub useful_gpu_hours: f64,
+    /// What an hour of work kept cost: total cost over `useful_gpu_hours`.
+    pub usd_per_useful_gpu_hour: f64,
     pub mean_queue_delay_s: f64,
     /// Runs ended by a notice or a lost node.
     pub preemptions: u64,
@@ -148,6 +161,9 @@ pub struct ReplaySpec {
     /// Let spotplane's policy consolidate (drain nodes whose work fits elsewhere or on a
     /// cheaper node); the baselines never do.
     pub consolidation: bool,
+    /// Give the `cheapest-spot-failover` baseline spotplane's agents and event streams, which
+    /// checkpoint on a notice (SkyPilot has neither): isolates what the buying policy does.
+    pub baseline_hears_notices: bool,
 }
 
 pub fn policy_by_name(name: &str) -> Option<PlanPolicy> {
@@ -298,11 +314,19 @@ impl World {
         std::fs::create_dir_all(objects)
             .with_context(|| format!("creating {}", objects.display()))?;
         let objects = std::fs::canonicalize(objects)?;
-        let agents = SimAgents::new(store.clone(), Arc::clone(&providers));
+        // The SkyPilot baseline has no agent on its nodes and no subscription to the clouds'
+        // event streams: a preemption is found when the instance is gone, and the job resumes
+        // from its own last periodic checkpoint (skypilot-org/skypilot#5041: notices are not
+        // passed to the job).
+        let notices = policy != PlanPolicy::CheapestSpot || spec.baseline_hears_notices;
+        let mut agents = SimAgents::new(store.clone(), Arc::clone(&providers));
+        if !notices {
+            agents = agents.without_notices();
+        }
         let recovery = RecoveryLoop::new(
             store.clone(),
             shared,
-            Some(Arc::clone(&providers)),
+            notices.then(|| Arc::clone(&providers)),
             config.recovery.settings(),
             format!("file://{}", objects.display()),
         );
@@ -475,6 +499,7 @@ impl World {
             })
             .collect();
         let run_gpu_hours = agents.stats.gpu_seconds / 3600.0;
+        let lost_gpu_hours = history.lost_gpu_seconds as f64 / 3600.0;
         let mut durable = agents.stats.notice_to_durable_s.clone();
         let mut resumed = history.notice_to_resumed_s.clone();
         Ok(ReplayOutcome {
@@ -485,11 +510,17 @@ impl World {
             jobs_submitted: runs.len(),
             jobs_finished: history.finished.len(),
             deadline_misses: misses,
-            lost_gpu_hours: history.lost_gpu_seconds as f64 / 3600.0,
+            lost_gpu_hours,
             gpu_hours: spend.node_gpu_hours,
             run_gpu_hours,
             lost_work_pct: if run_gpu_hours > 0.0 {
-                100.0 * history.lost_gpu_seconds as f64 / 3600.0 / run_gpu_hours
+                100.0 * lost_gpu_hours / run_gpu_hours
+            } else {
+                0.0
+            },
+            useful_gpu_hours: run_gpu_hours - lost_gpu_hours,
+            usd_per_useful_gpu_hour: if run_gpu_hours > lost_gpu_hours {
+                spend.cost_usd / (run_gpu_hours - lost_gpu_hours)
             } else {
                 0.0
             },
@@ -652,6 +683,7 @@ mod tests {
             max_jobs: 10,
             seconds_per_step: 0.1,
             consolidation: true,
+            baseline_hears_notices: false,
         };
         let mut out = Vec::new();
         for p in POLICIES {
@@ -697,6 +729,7 @@ mod tests {
             max_jobs: 10,
             seconds_per_step: 0.1,
             consolidation,
+            baseline_hears_notices: false,
         };
         let with = replay(&spec(true), "spotplane").await.expect("replays");
         let without = replay(&spec(false), "spotplane").await.expect("replays");
@@ -711,6 +744,104 @@ mod tests {
         assert!(
             with.total_cost_usd < without.total_cost_usd,
             "with {with:?}\nwithout {without:?}"
+        );
+    }
+
+    /// The cloud takes the node of a two-hour job about 45 minutes in (it checkpoints every
+    /// 30). spotplane's agent hears the notice and checkpoints within it: nothing is lost. The
+    /// SkyPilot-style baseline has no agent hearing notices: the job resumes from its
+    /// 30-minute checkpoint and the quarter hour since is lost (and more if the traces take
+    /// its replacement too), which also costs more per hour of work kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_preemption_costs_the_baseline_the_work_since_its_checkpoint_and_spotplane_none() {
+        let dir = tempfile::tempdir().expect("dir");
+        let p = dir.path().join("t.trace");
+        std::fs::write(
+            &p,
+            "ResNet-18 (batch size 64)\tcd x && python3 main.py\t--num_steps\t1\t72000\t0.000000\t1\n",
+        )
+        .expect("trace");
+        let spec = ReplaySpec {
+            trace: p,
+            days: 0.25,
+            start: "2026-07-01T00:00:00Z".parse().expect("time"),
+            step: Duration::seconds(60),
+            data_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+            max_jobs: 10,
+            seconds_per_step: 0.1,
+            consolidation: true,
+            baseline_hears_notices: false,
+        };
+        let mut out = Vec::new();
+        for name in ["cheapest-spot-failover", "spotplane"] {
+            let scratch = tempfile::tempdir().expect("scratch");
+            let mut config = Config::embedded_default().expect("config");
+            config.database = DatabaseConfig {
+                url: format!("sqlite://{}", scratch.path().join("r.sqlite").display()),
+                ..config.database
+            };
+            let store = Store::connect(&config.database, Metrics::new())
+                .await
+                .expect("store");
+            store.migrate().await.expect("migrate");
+            let clock = ManualClock::new(spec.start);
+            let policy = policy_by_name(name).expect("policy");
+            let mut world = World::new(
+                store,
+                clock,
+                &config,
+                &spec,
+                policy,
+                &scratch.path().join("objects"),
+            )
+            .await
+            .expect("world");
+            let mut running_for = 0;
+            let mut taken = false;
+            while !world.done() {
+                world.step().await.expect("step");
+                if taken {
+                    continue;
+                }
+                let ready = world
+                    .store
+                    .list_nodes(&[NodeState::Ready])
+                    .await
+                    .expect("nodes");
+                if ready.is_empty() {
+                    continue;
+                }
+                running_for += 1;
+                if running_for == 45 {
+                    let n = &ready[0];
+                    let sim = world.providers.sim(n.cloud).expect("a simulated cloud");
+                    let pid = n.provider_instance_id.as_deref().expect("an instance");
+                    assert!(sim.preempt_now(pid), "{name}: the node was running");
+                    taken = true;
+                }
+            }
+            assert!(taken, "{name}: the job never ran");
+            let o = world
+                .outcome(name, std::time::Instant::now())
+                .await
+                .expect("outcome");
+            // The node taken, and any the traces take from the replacement.
+            assert!(o.jobs_finished == 1 && o.preemptions >= 1, "{o:?}");
+            out.push(o);
+        }
+        let (baseline, spotplane) = (&out[0], &out[1]);
+        assert!(spotplane.lost_gpu_hours < 1e-9, "{spotplane:?}");
+        assert!(
+            baseline.lost_gpu_hours >= 0.1,
+            "at least the ~15 minutes since the last checkpoint: {baseline:?}"
+        );
+        assert!(
+            baseline.run_gpu_hours > spotplane.run_gpu_hours + 0.1,
+            "the lost work was done again: {baseline:?}\n{spotplane:?}"
+        );
+        assert!(
+            spotplane.usd_per_useful_gpu_hour < baseline.usd_per_useful_gpu_hour,
+            "{baseline:?}\n{spotplane:?}"
         );
     }
 }

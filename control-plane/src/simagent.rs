@@ -91,6 +91,11 @@ pub struct SimAgents {
     pub checkpoint_time: Duration,
     agents: BTreeMap<NodeId, Agent>,
     pub stats: SimStats,
+    /// Whether the agents watch their cloud's metadata service for termination notices. Off,
+    /// a node's work runs until the cloud takes it, and what it did since its last checkpoint
+    /// is lost: how jobs fare without an agent on the node (SkyPilot's managed jobs, which
+    /// find a preemption by polling the cluster and resume from the job's own checkpoints).
+    hears_notices: bool,
 }
 
 fn source(cloud: Cloud) -> NoticeSource {
@@ -115,7 +120,14 @@ impl SimAgents {
             checkpoint_time: Duration::seconds(20),
             agents: BTreeMap::new(),
             stats: SimStats::default(),
+            hears_notices: true,
         }
+    }
+
+    /// Agents that do not watch for termination notices (see [`SimAgents::hears_notices`]).
+    pub fn without_notices(mut self) -> Self {
+        self.hears_notices = false;
+        self
     }
 
     /// Tells the agents how much work a job's replicas need (what a real workload knows).
@@ -142,7 +154,7 @@ impl SimAgents {
             if inst.terminated_at.is_some_and(|t| t <= now) {
                 // Taken since the last tick. A real agent polls every few seconds: if the cloud
                 // gave notice, it saw it and used the window; play that out, then go silent.
-                if inst.notice.is_some() && self.agents.contains_key(&n.id) {
+                if inst.notice.is_some() && self.hears_notices && self.agents.contains_key(&n.id) {
                     last_words.push(n.id);
                 }
                 continue;
@@ -244,6 +256,7 @@ impl SimAgents {
         let sim_notice = self
             .providers
             .sim(a.cloud)
+            .filter(|_| self.hears_notices)
             .and_then(|s| s.notice(&a.instance));
         if let (Some(n), None) = (&sim_notice, &a.notice) {
             self.stats.notices += 1;

@@ -78,7 +78,8 @@ pub enum PlanPolicy {
     #[default]
     ExpectedCost,
     /// The cheapest spot offer by price, on-demand only when no spot offer fits; after a loss
-    /// the pool is set aside and the next cheapest taken (SkyPilot managed jobs' failover).
+    /// the pool is set aside and the next cheapest taken (SkyPilot managed jobs' failover;
+    /// the fleet replay also runs it without notice checkpoints, as SkyPilot has none).
     CheapestSpot,
     /// On-demand capacity only.
     OnDemandOnly,
