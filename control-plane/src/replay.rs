@@ -188,26 +188,7 @@ pub async fn replay(spec: &ReplaySpec, policy_name: &str) -> anyhow::Result<Repl
         .ok_or_else(|| anyhow::anyhow!("unknown policy {policy_name:?}; one of {POLICIES:?}"))?;
     let wall = std::time::Instant::now();
     let scratch = tempfile::tempdir().context("a scratch folder")?;
-    let mut config = Config::embedded_default()?;
-    config.database = DatabaseConfig {
-        url: format!(
-            "sqlite://{}",
-            scratch.path().join("replay.sqlite").display()
-        ),
-        ..config.database
-    };
-    let store = Store::connect(&config.database, Metrics::new()).await?;
-    store.migrate().await?;
-    let clock = ManualClock::new(spec.start);
-    let mut world = World::new(
-        store,
-        clock,
-        &config,
-        spec,
-        policy,
-        &scratch.path().join("objects"),
-    )
-    .await?;
+    let mut world = World::in_folder(spec, policy, scratch.path()).await?;
     while !world.done() {
         world.step().await?;
     }
@@ -242,6 +223,24 @@ pub struct World {
 }
 
 impl World {
+    /// A world on the embedded default configuration with its store (SQLite) and checkpoints
+    /// in `folder`, its clock at the spec's start.
+    pub async fn in_folder(
+        spec: &ReplaySpec,
+        policy: PlanPolicy,
+        folder: &Path,
+    ) -> anyhow::Result<World> {
+        let mut config = Config::embedded_default()?;
+        config.database = DatabaseConfig {
+            url: format!("sqlite://{}", folder.join("replay.sqlite").display()),
+            ..config.database
+        };
+        let store = Store::connect(&config.database, Metrics::new()).await?;
+        store.migrate().await?;
+        let clock = ManualClock::new(spec.start);
+        World::new(store, clock, &config, spec, policy, &folder.join("objects")).await
+    }
+
     /// Sets up the world on `store` (migrated, empty), with checkpoints under `objects`.
     pub async fn new(
         store: Store,
@@ -671,20 +670,25 @@ mod tests {
         assert!(err.to_string().contains("bad.trace:1"), "{err}");
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn every_policy_finishes_short_jobs_and_spot_costs_less() {
-        let dir = tempfile::tempdir().expect("dir");
-        let spec = ReplaySpec {
-            trace: trace(dir.path()),
-            days: 0.125,
+    /// A replay of `trace` from 2026-07-01 over the shared traces.
+    fn spec_of(trace: PathBuf, days: f64, step_s: i64) -> ReplaySpec {
+        ReplaySpec {
+            trace,
+            days,
             start: "2026-07-01T00:00:00Z".parse().expect("time"),
-            step: Duration::seconds(120),
+            step: Duration::seconds(step_s),
             data_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
             max_jobs: 10,
             seconds_per_step: 0.1,
             consolidation: true,
             baseline_hears_notices: false,
-        };
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_policy_finishes_short_jobs_and_spot_costs_less() {
+        let dir = tempfile::tempdir().expect("dir");
+        let spec = spec_of(trace(dir.path()), 0.125, 120);
         let mut out = Vec::new();
         for p in POLICIES {
             out.push(replay(&spec, p).await.expect("replays"));
@@ -721,15 +725,8 @@ mod tests {
         // three hours on one (placed on the eighth GPU there).
         std::fs::write(&p, [line(12_000, 0, 7), line(108_000, 600, 1)].concat()).expect("trace");
         let spec = |consolidation| ReplaySpec {
-            trace: p.clone(),
-            days: 0.25,
-            start: "2026-07-01T00:00:00Z".parse().expect("time"),
-            step: Duration::seconds(60),
-            data_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
-            max_jobs: 10,
-            seconds_per_step: 0.1,
             consolidation,
-            baseline_hears_notices: false,
+            ..spec_of(p.clone(), 0.25, 60)
         };
         let with = replay(&spec(true), "spotplane").await.expect("replays");
         let without = replay(&spec(false), "spotplane").await.expect("replays");
@@ -761,41 +758,14 @@ mod tests {
             "ResNet-18 (batch size 64)\tcd x && python3 main.py\t--num_steps\t1\t72000\t0.000000\t1\n",
         )
         .expect("trace");
-        let spec = ReplaySpec {
-            trace: p,
-            days: 0.25,
-            start: "2026-07-01T00:00:00Z".parse().expect("time"),
-            step: Duration::seconds(60),
-            data_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
-            max_jobs: 10,
-            seconds_per_step: 0.1,
-            consolidation: true,
-            baseline_hears_notices: false,
-        };
+        let spec = spec_of(p, 0.25, 60);
         let mut out = Vec::new();
         for name in ["cheapest-spot-failover", "spotplane"] {
             let scratch = tempfile::tempdir().expect("scratch");
-            let mut config = Config::embedded_default().expect("config");
-            config.database = DatabaseConfig {
-                url: format!("sqlite://{}", scratch.path().join("r.sqlite").display()),
-                ..config.database
-            };
-            let store = Store::connect(&config.database, Metrics::new())
-                .await
-                .expect("store");
-            store.migrate().await.expect("migrate");
-            let clock = ManualClock::new(spec.start);
             let policy = policy_by_name(name).expect("policy");
-            let mut world = World::new(
-                store,
-                clock,
-                &config,
-                &spec,
-                policy,
-                &scratch.path().join("objects"),
-            )
-            .await
-            .expect("world");
+            let mut world = World::in_folder(&spec, policy, scratch.path())
+                .await
+                .expect("world");
             let mut running_for = 0;
             let mut taken = false;
             while !world.done() {
