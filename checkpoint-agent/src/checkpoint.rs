@@ -15,10 +15,10 @@
 //! and checked again on restore.
 //!
 //! A local folder (a disk or a network mount) is made as durable as an object store's
-//! acknowledged put, which object_store's local store is not: each file is synced before it is
-//! renamed into place, the folders naming the files before the manifest is written, and the
-//! manifest (synced, renamed, its folder synced) before the upload returns. A crash of the node
-//! at any point leaves the checkpoint whole or absent.
+//! acknowledged put (object_store's local store syncs nothing unless asked, and is asked): each
+//! file is synced before it is renamed into place, the folders naming the files before the
+//! manifest is written, and the manifest (synced, renamed, its folder synced) before the upload
+//! returns. A crash of the node at any point leaves the checkpoint whole or absent.
 //!
 //! Large files go in multipart uploads whose parts are uploaded concurrently; several files go
 //! at once. The object store's client retries failed requests (5xx, resets) with backoff; a
@@ -83,6 +83,14 @@ pub enum CheckpointError {
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CheckpointError {
     let what = what.into();
     move |source| CheckpointError::Io { what, source }
+}
+
+/// A blocking task that panicked or was cancelled, as the I/O error of what it was doing.
+fn joined(what: &'static str) -> impl Fn(tokio::task::JoinError) -> CheckpointError {
+    move |e| CheckpointError::Io {
+        what: what.into(),
+        source: std::io::Error::other(e),
+    }
 }
 
 /// How uploads are cut and how many requests run at once.
@@ -200,8 +208,11 @@ fn open_any(url: &str, options: &[(String, String)]) -> Result<Opened, Checkpoin
                 .to_file_path()
                 .map_err(|()| bad("not a local path".into()))?;
             std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-            let store =
-                Arc::new(LocalFileSystem::new_with_prefix(&dir)?.with_automatic_cleanup(true));
+            let store = Arc::new(
+                LocalFileSystem::new_with_prefix(&dir)?
+                    .with_automatic_cleanup(true)
+                    .with_fsync(true),
+            );
             return Ok((
                 store.clone(),
                 Path::default(),
@@ -319,18 +330,12 @@ impl CheckpointStore {
                     reason: e.to_string(),
                 })?;
             let location = prefix.clone().join(MANIFEST);
-            match &self.local {
-                // A local folder is durable only once the files, the folders that name them
-                // and then the manifest are on disk, in that order (object_store's local
-                // store does not sync).
-                Some(local) => {
-                    sync_folders(local, &prefix, &manifest.files).await?;
-                    put_local_bytes(local, &location, body).await?;
-                }
-                None => {
-                    self.store.put(&location, PutPayload::from(body)).await?;
-                }
+            // A local folder is durable only once the files and the folders that name them are
+            // on disk, before the manifest (which the store, opened with fsync, syncs itself).
+            if let Some(local) = &self.local {
+                sync_folders(local, &prefix, &manifest.files).await?;
             }
+            self.store.put(&location, PutPayload::from(body)).await?;
             Ok::<_, CheckpointError>((manifest, location))
         };
         let (manifest, location) = match deadline {
@@ -407,10 +412,7 @@ impl CheckpointStore {
         let hashed = data.clone();
         let sha = tokio::task::spawn_blocking(move || hex::encode(Sha256::digest(&hashed)))
             .await
-            .map_err(|e| CheckpointError::Io {
-                what: "hashing".into(),
-                source: std::io::Error::other(e),
-            })?;
+            .map_err(joined("hashing"))?;
         self.store.put(location, PutPayload::from(data)).await?;
         Ok(sha)
     }
@@ -437,10 +439,7 @@ impl CheckpointStore {
             loop {
                 // Surface a failed part early.
                 while let Some(done) = parts.try_join_next() {
-                    done.map_err(|e| CheckpointError::Io {
-                        what: "uploading a part".into(),
-                        source: std::io::Error::other(e),
-                    })??;
+                    done.map_err(joined("uploading a part"))??;
                 }
                 let slot = per_file.clone().acquire_owned().await.map_err(closed)?;
                 let memory = budget.clone().acquire_owned().await.map_err(closed)?;
@@ -450,10 +449,7 @@ impl CheckpointStore {
                 let (file, hasher, buf) =
                     tokio::task::spawn_blocking(move || read_part(file, hasher, &path, buf))
                         .await
-                        .map_err(|e| CheckpointError::Io {
-                            what: "reading".into(),
-                            source: std::io::Error::other(e),
-                        })??;
+                        .map_err(joined("reading"))??;
                 let last = buf.len() < part;
                 total += buf.len() as u64;
                 if !buf.is_empty() {
@@ -470,10 +466,7 @@ impl CheckpointStore {
                 }
                 if last {
                     while let Some(done) = parts.join_next().await {
-                        done.map_err(|e| CheckpointError::Io {
-                            what: "uploading a part".into(),
-                            source: std::io::Error::other(e),
-                        })??;
+                        done.map_err(joined("uploading a part"))??;
                     }
                     if total != f.size {
                         return Err(CheckpointError::Size {
@@ -740,12 +733,8 @@ async fn put_local(
         }
         Ok((hex::encode(hasher.finalize()), total))
     });
-    let joined = |e: tokio::task::JoinError| CheckpointError::Io {
-        what: "copying".into(),
-        source: std::io::Error::other(e),
-    };
-    let copied = copy.await.map_err(joined)?;
-    let hashed = hash.await.map_err(joined)?;
+    let copied = copy.await.map_err(joined("copying"))?;
+    let hashed = hash.await.map_err(joined("copying"))?;
     let result = match (copied, hashed) {
         (Ok(n), Ok((sha, read))) if n == f.size && read == f.size => Ok(sha),
         (Ok(n), Ok((_, read))) => Err(CheckpointError::Size {
@@ -772,35 +761,6 @@ async fn put_local(
             Err(e)
         }
     }
-}
-
-/// Writes `body` at `location` of the local store durably: a temporary file beside it,
-/// synced, renamed into place, and its folder synced.
-async fn put_local_bytes(
-    store: &LocalFileSystem,
-    location: &Path,
-    body: Vec<u8>,
-) -> Result<(), CheckpointError> {
-    let target = store.path_to_filesystem(location)?;
-    tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        let dir = target
-            .parent()
-            .ok_or_else(|| std::io::Error::other("no parent folder"))?;
-        std::fs::create_dir_all(dir)?;
-        let tmp = target.with_extension("spotplane-partial");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&body)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &target)?;
-        sync_dir(dir)
-    })
-    .await
-    .map_err(|e| CheckpointError::Io {
-        what: "writing".into(),
-        source: std::io::Error::other(e),
-    })?
-    .map_err(io(format!("writing {location} durably")))
 }
 
 /// Makes the names of a checkpoint's files durable: every folder from the files' own up to the
@@ -833,10 +793,7 @@ async fn sync_folders(
         Ok(())
     })
     .await
-    .map_err(|e| CheckpointError::Io {
-        what: "syncing".into(),
-        source: std::io::Error::other(e),
-    })?
+    .map_err(joined("syncing"))?
 }
 
 /// `fsync` of a folder, which makes the names in it durable.
@@ -993,10 +950,7 @@ async fn list_files(dir: &FsPath) -> Result<Vec<LocalFile>, CheckpointError> {
         Ok(out)
     })
     .await
-    .map_err(|e| CheckpointError::Io {
-        what: "listing the checkpoint".into(),
-        source: std::io::Error::other(e),
-    })?
+    .map_err(joined("listing the checkpoint"))?
 }
 
 /// A manifest path as a relative filesystem path, if it stays inside its directory.
