@@ -1,12 +1,15 @@
 //! The planner behind the `spotplane` policy: the schedule of least *expected* cost when spot
 //! availability is a Markov chain, by backward induction over the rest of the job.
 //!
-//! The chain has three states: spot unavailable, available and *young* (the run began less
-//! than `young_ticks` ago), available and *old*. Each has its own chance per tick of ending:
-//! a young run that ends is a blip, and the traces have many (median runs of 20–40 minutes
-//! against means of one to four hours), so a planner that only knew the mean would leave
-//! on-demand for every blip and spend its slack on restarts. Unavailable spot comes back
-//! young.
+//! The chain's states are spot unavailable and available runs by *age class* (youngest
+//! first; the policy uses runs younger than 15 minutes, than an hour, and older). Each class
+//! has its own chance per tick of ending: spot runs on the traces have a falling hazard
+//! (median runs of 20–40 minutes against means of one to four hours; a run that has lasted
+//! an hour is far likelier to last another than one that began a minute ago), so a planner
+//! that only knew the mean would leave on-demand for every blip and spend its slack on
+//! restarts. A run
+//! leaves its class for the next with probability `1 / ticks` per tick, `ticks` being the
+//! class's length; the last class never ages. Unavailable spot comes back in the first class.
 //!
 //! It is the optimum of [`super::optimal`] with the future replaced by a model of it, so it
 //! weighs what the simple rules cannot: a restart's price and time against how long spot
@@ -15,11 +18,10 @@
 //! risks the slack covers.
 //!
 //! States at a tick, with progress `p`: idle, on a spot instance (restart paid) or on
-//! on-demand, each with the state of spot (young, old or unavailable; on spot, only the
-//! first two). A start is one move of `R` ticks, as in [`super::optimal`]; a spot preempted
-//! during its restart is counted as idle, spot unavailable, at the end of it (earlier in
-//! fact: the model is pessimistic there). Leaving an instance for another is "stop, then
-//! start". A young run ages into an old one with probability `1 / young_ticks` per tick.
+//! on-demand, each with the state of spot (on spot, only the available ones). A start is one
+//! move of `R` ticks, as in [`super::optimal`]; a spot preempted during its restart is
+//! counted as idle, spot unavailable, at the end of it (earlier in fact: the model is
+//! pessimistic there). Leaving an instance for another is "stop, then start".
 //!
 //! Large problems are planned on a coarser grid: `scale` ticks of time and progress per step,
 //! chosen so that one plan visits at most [`MAX_CELLS`] (time, progress) pairs. The plan is
@@ -34,15 +36,27 @@ const MISS: f64 = 1e18;
 /// The most (time, progress) pairs one plan computes before it coarsens its grid.
 pub const MAX_CELLS: u64 = 30_000_000;
 
-/// Per-tick transition probabilities of spot availability.
+/// The most age classes of available spot a chain may have.
+pub const MAX_CLASSES: usize = 3;
+/// Spot states: the classes, then unavailable.
+const STATES: usize = MAX_CLASSES + 1;
+/// Modes: idle and on on-demand in each spot state, on spot in each class.
+const MODES: usize = 3 * MAX_CLASSES + 2;
+
+/// One age class of available spot.
 #[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Class {
+    /// P(a run of this age ends after this tick).
+    pub lose: f64,
+    /// Ticks a run stays in this class on average (ignored for the last class).
+    pub ticks: f64,
+}
+
+/// Per-tick transition probabilities of spot availability.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Chain {
-    /// P(a young run of available spot ends after this tick).
-    pub lose_young: f64,
-    /// P(an old run ends after this tick).
-    pub lose_old: f64,
-    /// Ticks a run stays young.
-    pub young_ticks: f64,
+    /// Age classes of available spot, youngest first: 1 to [`MAX_CLASSES`].
+    pub classes: Vec<Class>,
     /// P(spot unavailable now is back at the next tick).
     pub regain: f64,
 }
@@ -57,28 +71,44 @@ pub struct Job {
     pub on_demand_price: f64,
 }
 
-/// Where the job is at a tick.
+/// The state of spot at a tick, as the policy sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    IdleYoung = 0,
-    IdleOld = 1,
-    IdleUnavailable = 2,
-    SpotYoung = 3,
-    SpotOld = 4,
-    OnDemandYoung = 5,
-    OnDemandOld = 6,
-    OnDemandUnavailable = 7,
+pub enum Spot {
+    Unavailable,
+    /// Available, in this age class (beyond the last: the last).
+    Available(usize),
 }
 
-/// Spot's state: young, old, unavailable.
-const Y: usize = 0;
-const O: usize = 1;
-const U: usize = 2;
+/// Where the job is at a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mode {
+    pub running: Option<Kind>,
+    pub spot: Spot,
+}
 
 /// Decisions per mode: 0 = wait (stop), 1 = spot (keep or start), 2 = on-demand.
 const WAIT: u8 = 0;
 const SPOT: u8 = 1;
 const OD: u8 = 2;
+
+/// The mode indices of a chain with `n` classes (spot states `0..n`, unavailable `n`).
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    n: usize,
+}
+
+impl Layout {
+    fn idle(self, s: usize) -> usize {
+        s
+    }
+    /// On spot in state `s`; unavailable means the instance is gone: idle.
+    fn spot(self, s: usize) -> usize {
+        if s == self.n { s } else { self.n + 1 + s }
+    }
+    fn on_demand(self, s: usize) -> usize {
+        2 * self.n + 1 + s
+    }
+}
 
 /// The planned decisions for ticks `from..until`.
 #[derive(Debug, Clone)]
@@ -90,8 +120,9 @@ pub struct Plan {
     work: u32,
     deadline: u32,
     restart: u32,
+    layout: Layout,
     offsets: Vec<usize>,
-    decisions: Vec<[u8; 8]>,
+    decisions: Vec<[u8; MODES]>,
 }
 
 impl Plan {
@@ -113,8 +144,18 @@ impl Plan {
         if p < lo || p > hi {
             return None;
         }
+        let l = self.layout;
+        let s = match mode.spot {
+            Spot::Unavailable => l.n,
+            Spot::Available(class) => class.min(l.n - 1),
+        };
+        let m = match mode.running {
+            None => l.idle(s),
+            Some(Kind::Spot) => l.spot(s),
+            Some(Kind::OnDemand) => l.on_demand(s),
+        };
         let i = self.offsets[(t - self.from) as usize] + (p - lo) as usize;
-        Some(match self.decisions.get(i)?[mode as usize] {
+        Some(match self.decisions.get(i)?[m] {
             WAIT => Choice::Wait,
             SPOT => Choice::Run(Kind::Spot),
             _ => Choice::Run(Kind::OnDemand),
@@ -123,19 +164,26 @@ impl Plan {
 
     /// Bytes of the decision table.
     pub fn bytes(&self) -> usize {
-        self.decisions.len() * 8 + self.offsets.len() * 8
+        self.decisions.len() * MODES + self.offsets.len() * 8
     }
 }
 
-/// `m` applied `n` times to each row: the n-step transition probabilities.
-fn power(m: [[f64; 3]; 3], n: u32) -> [[f64; 3]; 3] {
-    let mut out = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]];
-    for _ in 0..n {
-        let mut next = [[0.0; 3]; 3];
-        for (i, row) in out.iter().enumerate() {
-            for (k, &x) in row.iter().enumerate() {
-                for j in 0..3 {
-                    next[i][j] += x * m[k][j];
+type Matrix = [[f64; STATES]; STATES];
+
+/// `m` (of `n` states) applied `times` times to each row: the n-step transition probabilities.
+fn power(m: &Matrix, n: usize, times: u32) -> Matrix {
+    let mut out = [[0.0; STATES]; STATES];
+    for (i, row) in out.iter_mut().enumerate().take(n) {
+        row[i] = 1.0;
+    }
+    for _ in 0..times {
+        let mut next = [[0.0; STATES]; STATES];
+        for (i, row) in out.iter().enumerate().take(n) {
+            for (k, &x) in row.iter().enumerate().take(n) {
+                if x != 0.0 {
+                    for j in 0..n {
+                        next[i][j] += x * m[k][j];
+                    }
                 }
             }
         }
@@ -145,7 +193,17 @@ fn power(m: [[f64; 3]; 3], n: u32) -> [[f64; 3]; 3] {
 }
 
 /// Plans the job from tick `from`, keeping decisions for ticks before `until`.
-pub fn plan(job: &Job, chain: Chain, from: u32, until: u32) -> Plan {
+///
+/// # Panics
+/// If the chain has no class or more than [`MAX_CLASSES`].
+pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
+    let n = chain.classes.len();
+    assert!(
+        (1..=MAX_CLASSES).contains(&n),
+        "a chain has 1 to {MAX_CLASSES} age classes, not {n}"
+    );
+    let l = Layout { n };
+    let (states, unavailable) = (n + 1, n);
     // 1. The grid: `scale` ticks per step, work and restart rounded up, the deadline down.
     let band = u64::from(job.deadline.saturating_sub(job.work)).min(u64::from(job.work)) + 1;
     let cells = u64::from(job.deadline.saturating_sub(from)) * band;
@@ -163,22 +221,38 @@ pub fn plan(job: &Job, chain: Chain, from: u32, until: u32) -> Plan {
     let k = f64::from(scale);
     let (spot, od) = (job.spot_price * k, job.on_demand_price * k);
     let per_step = |p: f64| (1.0 - (1.0 - p).powf(k)).clamp(1e-9, 1.0);
-    let (ly, lold, back) = (
-        per_step(chain.lose_young),
-        per_step(chain.lose_old),
-        per_step(chain.regain),
-    );
-    let grow = (k / chain.young_ticks.max(1.0)).min(1.0);
     // One step of spot's state, and the same with "unavailable" absorbing (a spot instance
     // once lost stays lost).
-    let step = [
-        [(1.0 - ly) * (1.0 - grow), (1.0 - ly) * grow, ly],
-        [0.0, 1.0 - lold, lold],
-        [back, 0.0, 1.0 - back],
-    ];
+    let mut step: Matrix = [[0.0; STATES]; STATES];
+    for (c, class) in chain.classes.iter().enumerate() {
+        let lose = per_step(class.lose);
+        let grow = if c + 1 == n {
+            0.0
+        } else {
+            (k / class.ticks.max(1.0)).min(1.0)
+        };
+        step[c][c] = (1.0 - lose) * (1.0 - grow);
+        if c + 1 < n {
+            step[c][c + 1] = (1.0 - lose) * grow;
+        }
+        step[c][unavailable] = lose;
+    }
+    let back = per_step(chain.regain);
+    step[unavailable][0] = back;
+    step[unavailable][unavailable] = 1.0 - back;
     let mut held = step;
-    held[U] = [0.0, 0.0, 1.0];
-    let (after_restart, kept_through_restart) = (power(step, r), power(held, r));
+    held[unavailable] = [0.0; STATES];
+    held[unavailable][unavailable] = 1.0;
+    let (after_restart, kept_through_restart) = (power(&step, states, r), power(&held, states, r));
+    // The nonzero entries of each row of one step.
+    let sparse: Vec<Vec<(usize, f64)>> = (0..states)
+        .map(|i| {
+            (0..states)
+                .filter(|&j| step[i][j] != 0.0)
+                .map(|j| (j, step[i][j]))
+                .collect()
+        })
+        .collect();
     let (spot_restart, od_restart) = (spot * f64::from(r), od * f64::from(r));
 
     let mut out = Plan {
@@ -188,6 +262,7 @@ pub fn plan(job: &Job, chain: Chain, from: u32, until: u32) -> Plan {
         work: w,
         deadline: d,
         restart: r,
+        layout: l,
         offsets: Vec::new(),
         decisions: Vec::new(),
     };
@@ -203,27 +278,26 @@ pub fn plan(job: &Job, chain: Chain, from: u32, until: u32) -> Plan {
         let i = (t - from) as usize;
         offsets[i + 1] = offsets[i] + width(t);
     }
-    let mut decisions = vec![[WAIT; 8]; offsets[offsets.len() - 1]];
+    let mut decisions = vec![[WAIT; MODES]; offsets[offsets.len() - 1]];
 
     // 2. Backward induction; values in rolling rows of R + 2 steps.
     let slots = r as usize + 2;
     let row = w as usize;
-    let mut values = vec![[MISS; 8]; slots * row];
-    let get = |values: &[[f64; 8]], t: u32, p: u32| -> [f64; 8] {
+    let mut values = vec![[MISS; MODES]; slots * row];
+    let get = |values: &[[f64; MODES]], t: u32, p: u32| -> [f64; MODES] {
         if p >= w {
-            [0.0; 8]
+            [0.0; MODES]
         } else if t >= d || p < out.lo(t) || p > out.hi(t) {
-            [MISS; 8]
+            [MISS; MODES]
         } else {
             values[(t as usize % slots) * row + p as usize]
         }
     };
-    // Modes by spot's state: idle, on spot (unavailable: idle), on on-demand.
-    const IDLE: [usize; 3] = [0, 1, 2];
-    const ON_SPOT: [usize; 3] = [3, 4, 2];
-    const ON_OD: [usize; 3] = [5, 6, 7];
-    let expect = |probs: &[f64; 3], v: &[f64; 8], modes: [usize; 3]| -> f64 {
-        probs[Y] * v[modes[Y]] + probs[O] * v[modes[O]] + probs[U] * v[modes[U]]
+    let next = |s: usize, v: &[f64; MODES], mode: fn(Layout, usize) -> usize| -> f64 {
+        sparse[s].iter().map(|&(j, p)| p * v[mode(l, j)]).sum()
+    };
+    let expect = |probs: &[f64; STATES], v: &[f64; MODES], mode: fn(Layout, usize) -> usize| {
+        (0..states).map(|j| probs[j] * v[mode(l, j)]).sum::<f64>()
     };
     let best = |options: &[(f64, u8)]| {
         options
@@ -243,45 +317,39 @@ pub fn plan(job: &Job, chain: Chain, from: u32, until: u32) -> Plan {
             let later = if fits {
                 get(&values, t + r, p)
             } else {
-                [MISS; 8]
+                [MISS; MODES]
             };
-            let mut idle = [(0.0, WAIT); 3];
-            let mut cont_spot = [MISS; 3];
-            let mut cont_od = [0.0; 3];
-            for s in [Y, O, U] {
-                let wait = expect(&step[s], &stay, IDLE);
-                cont_od[s] = od + expect(&step[s], &gain, ON_OD);
-                if s != U {
-                    cont_spot[s] = spot + expect(&step[s], &gain, ON_SPOT);
-                }
+            let mut modes = [(MISS, WAIT); MODES];
+            for s in 0..states {
+                let wait = next(s, &stay, Layout::idle);
+                let cont_od = od + next(s, &gain, Layout::on_demand);
+                let cont_spot = if s == unavailable {
+                    MISS
+                } else {
+                    spot + next(s, &gain, Layout::spot)
+                };
                 let (start_spot, start_od) = if r == 0 {
-                    (cont_spot[s], cont_od[s])
+                    (cont_spot, cont_od)
                 } else if fits {
                     (
-                        if s == U {
+                        if s == unavailable {
                             MISS
                         } else {
-                            spot_restart + expect(&kept_through_restart[s], &later, ON_SPOT)
+                            spot_restart + expect(&kept_through_restart[s], &later, Layout::spot)
                         },
-                        od_restart + expect(&after_restart[s], &later, ON_OD),
+                        od_restart + expect(&after_restart[s], &later, Layout::on_demand),
                     )
                 } else {
                     (MISS, MISS)
                 };
-                idle[s] = best(&[(start_spot, SPOT), (start_od, OD), (wait, WAIT)]);
+                let idle = best(&[(start_spot, SPOT), (start_od, OD), (wait, WAIT)]);
+                modes[l.idle(s)] = idle;
+                // Keeping a running instance wins ties.
+                modes[l.on_demand(s)] = best(&[(cont_od, OD), idle]);
+                if s != unavailable {
+                    modes[l.spot(s)] = best(&[(cont_spot, SPOT), idle]);
+                }
             }
-            // Keeping a running instance wins ties.
-            let keep = |cont: f64, kind: u8, s: usize| best(&[(cont, kind), idle[s]]);
-            let modes = [
-                idle[Y],
-                idle[O],
-                idle[U],
-                keep(cont_spot[Y], SPOT, Y),
-                keep(cont_spot[O], SPOT, O),
-                keep(cont_od[Y], OD, Y),
-                keep(cont_od[O], OD, O),
-                keep(cont_od[U], OD, U),
-            ];
             values[(t as usize % slots) * row + p as usize] = modes.map(|m| m.0);
             if t < out.until {
                 decisions[offsets[(t - from) as usize] + (p - lo) as usize] = modes.map(|m| m.1);

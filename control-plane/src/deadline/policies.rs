@@ -119,9 +119,10 @@ impl Policy for UniformProgress {
 /// spotplane's policy: plan with a model of spot learned from the trace so far, act within
 /// the safety rules.
 ///
-/// 1. Observe: count, for young runs of available spot (the first [`YOUNG_HOURS`]), old
-///    runs and unavailable spot, the ticks seen and how many ended the state, on top of a
-///    prior of [`PRIOR_RUN_HOURS`]-long runs; the estimate is [`markov::Chain`].
+/// 1. Observe: count, for unavailable spot and for available spot in each age class
+///    ([`AGE_CLASS_HOURS`]), the ticks seen and how many ended the state, the older the less
+///    ([`MEMORY_HALF_LIFE_HOURS`]), on top of a prior of [`PRIOR_RUN_HOURS`]-long runs; the
+///    estimate is [`markov::Chain`].
 /// 2. Plan: every tenth of the deadline, [`markov::plan`] computes the schedule of least
 ///    expected cost under that chain from where the job is — the restart-aware answer to
 ///    "spot now or not", "on-demand now or wait", "leave on-demand for this spot or not".
@@ -130,12 +131,12 @@ impl Policy for UniformProgress {
 ///    makes missing a feasible deadline impossible whatever the plan says.
 ///
 /// The plan, not a fixed line, decides when to use on-demand. The only constants are the
-/// prior, the young-run age and the re-planning period, the same for every trace. Where it
-/// wins and loses against Uniform Progress: docs/benchmarks.md.
+/// prior, the age classes, the memory's half-life and the re-planning period, the same for
+/// every trace. Where it wins and loses against Uniform Progress: docs/benchmarks.md.
 #[derive(Debug, Clone, Default)]
 pub struct Spotplane {
-    young: Seen,
-    old: Seen,
+    /// Per age class of available spot, youngest first.
+    available: [Seen; markov::MAX_CLASSES],
     unavailable: Seen,
     last: Option<bool>,
     /// Ticks the current run of available spot has lasted (0 while unavailable).
@@ -162,27 +163,44 @@ impl Seen {
 
 /// Before anything is observed, spot is believed to come and go in runs of this length...
 pub const PRIOR_RUN_HOURS: f64 = 2.0;
-/// ...with the weight of this many hours of observation (old runs and outages; young runs,
-/// which are seen for only [`YOUNG_HOURS`] each, weigh that much per hour of prior).
+/// ...with the weight of this many hours of observation (the last age class and outages; a
+/// shorter class, where each run spends only its length, weighs its share of a prior run).
 pub const PRIOR_WEIGHT_HOURS: f64 = 10.0;
-/// A run of available spot is young for this long.
-pub const YOUNG_HOURS: f64 = 0.5;
+/// Where the age classes of available spot end, in hours; the last class has no end.
+pub const AGE_CLASS_HOURS: &[f64] = &[0.25, 1.0];
+const _: () = assert!(AGE_CLASS_HOURS.len() < markov::MAX_CLASSES);
+/// An observation this old weighs half as much as one made now.
+pub const MEMORY_HALF_LIFE_HOURS: f64 = 24.0;
 
 impl Spotplane {
-    fn chain(&self, gap_seconds: u32) -> markov::Chain {
+    pub(super) fn chain(&self, gap_seconds: u32) -> markov::Chain {
         let per_hour = 3600.0 / f64::from(gap_seconds.max(1));
+        let classes = (0..=AGE_CLASS_HOURS.len())
+            .map(|c| {
+                let start = if c == 0 { 0.0 } else { AGE_CLASS_HOURS[c - 1] };
+                let hours = AGE_CLASS_HOURS
+                    .get(c)
+                    .map_or(f64::INFINITY, |end| end - start);
+                let prior = PRIOR_WEIGHT_HOURS * (hours / PRIOR_RUN_HOURS).min(1.0);
+                markov::Class {
+                    lose: self.available[c].rate(per_hour, prior),
+                    ticks: hours * per_hour,
+                }
+            })
+            .collect();
         markov::Chain {
-            lose_young: self
-                .young
-                .rate(per_hour, YOUNG_HOURS / PRIOR_RUN_HOURS * PRIOR_WEIGHT_HOURS),
-            lose_old: self.old.rate(per_hour, PRIOR_WEIGHT_HOURS),
-            young_ticks: YOUNG_HOURS * per_hour,
+            classes,
             regain: self.unavailable.rate(per_hour, PRIOR_WEIGHT_HOURS),
         }
     }
 
-    fn is_young(&self, gap_seconds: u32) -> bool {
-        f64::from(self.age) * f64::from(gap_seconds) < YOUNG_HOURS * 3600.0
+    /// The age class of a run of available spot `age` ticks old.
+    fn class(&self, gap_seconds: u32) -> usize {
+        let hours = f64::from(self.age) * f64::from(gap_seconds) / 3600.0;
+        AGE_CLASS_HOURS
+            .iter()
+            .take_while(|&&end| hours >= end)
+            .count()
     }
 }
 
@@ -191,18 +209,23 @@ impl Policy for Spotplane {
         // 1. Observe the change from the last tick to this one.
         let now = v.spot_available();
         if let Some(before) = self.last {
-            let seen = if !before {
-                &mut self.unavailable
-            } else if self.is_young(v.gap_seconds) {
-                &mut self.young
+            let class = self.class(v.gap_seconds);
+            let seen = if before {
+                &mut self.available[class]
             } else {
-                &mut self.old
+                &mut self.unavailable
             };
             seen.ticks += 1.0;
             seen.ended += f64::from(u8::from(before != now));
         }
         self.last = Some(now);
         self.age = if now { self.age + 1 } else { 0 };
+        // Older observations weigh less: pools change their behaviour within days.
+        let decay = 0.5f64.powf(f64::from(v.gap_seconds) / (MEMORY_HALF_LIFE_HOURS * 3600.0));
+        for seen in self.available.iter_mut().chain([&mut self.unavailable]) {
+            seen.ticks *= decay;
+            seen.ended *= decay;
+        }
         // 2. Plan, for the next tenth of the deadline.
         if self.plan.is_none() || v.tick >= self.replan_at {
             let every = (v.deadline / 10).max(1);
@@ -216,7 +239,7 @@ impl Policy for Spotplane {
             };
             self.plan = Some(markov::plan(
                 &job,
-                self.chain(v.gap_seconds),
+                &self.chain(v.gap_seconds),
                 v.tick,
                 self.replan_at,
             ));
@@ -225,17 +248,14 @@ impl Policy for Spotplane {
         let wanted = match (v.running, v.overhead_left) {
             (Some(kind), left) if left > 0 => Choice::Run(kind),
             _ => {
-                use markov::Mode::*;
-                let young = self.age > 0 && self.is_young(v.gap_seconds);
-                let mode = match (v.running, now, young) {
-                    (None, false, _) => IdleUnavailable,
-                    (None, true, true) => IdleYoung,
-                    (None, true, false) => IdleOld,
-                    (Some(Kind::Spot), _, true) => SpotYoung,
-                    (Some(Kind::Spot), _, false) => SpotOld,
-                    (Some(Kind::OnDemand), false, _) => OnDemandUnavailable,
-                    (Some(Kind::OnDemand), true, true) => OnDemandYoung,
-                    (Some(Kind::OnDemand), true, false) => OnDemandOld,
+                let spot = if now {
+                    markov::Spot::Available(self.class(v.gap_seconds))
+                } else {
+                    markov::Spot::Unavailable
+                };
+                let mode = markov::Mode {
+                    running: v.running,
+                    spot,
                 };
                 self.plan
                     .as_ref()

@@ -395,6 +395,26 @@ fn spotplane_on_the_outage_tables() {
     assert!(cost <= 18.0, "{cost}");
 }
 
+#[test]
+fn spotplane_weighs_the_recent_past_of_a_pool_more() {
+    // Three days of spot back once a day, and three days of spot back every other hour.
+    let rare = "s".to_owned() + &".".repeat(23);
+    let (rare, often) = (rare.repeat(3), "s.".repeat(36));
+    let regain = |text: &str| {
+        let m = model(text, 140, 144, 1);
+        let mut p = policies::Spotplane::default();
+        simulate(&m, &mut p);
+        p.chain(3600).regain
+    };
+    let (rare_then_often, often_then_rare) = (
+        regain(&format!("{rare}{often}")),
+        regain(&format!("{often}{rare}")),
+    );
+    // The same ticks in either order; the last days decide.
+    assert!(rare_then_often > 0.6, "{rare_then_often}");
+    assert!(often_then_rare < 0.25, "{often_then_rare}");
+}
+
 fn job(work: u32, deadline: u32, restart: u32) -> markov::Job {
     markov::Job {
         work,
@@ -405,51 +425,84 @@ fn job(work: u32, deadline: u32, restart: u32) -> markov::Job {
     }
 }
 
+fn chain(young: f64, old: f64, young_ticks: f64, regain: f64) -> markov::Chain {
+    markov::Chain {
+        classes: vec![
+            markov::Class {
+                lose: young,
+                ticks: young_ticks,
+            },
+            markov::Class {
+                lose: old,
+                ticks: f64::INFINITY,
+            },
+        ],
+        regain,
+    }
+}
+
+fn mode(running: Option<Kind>, spot: Option<usize>) -> markov::Mode {
+    markov::Mode {
+        running,
+        spot: spot.map_or(markov::Spot::Unavailable, markov::Spot::Available),
+    }
+}
+
 #[test]
 fn the_markov_plan_takes_lasting_spot_and_waits_while_waiting_is_free() {
-    use markov::Mode::*;
     let spot = Some(Choice::Run(Kind::Spot));
     let od = Some(Choice::Run(Kind::OnDemand));
-    let steady = markov::Chain {
-        lose_young: 0.001,
-        lose_old: 0.001,
-        young_ticks: 2.0,
-        regain: 0.5,
-    };
-    let p = markov::plan(&job(20, 30, 1), steady, 0, 30);
-    assert_eq!(p.decide(0, 0, IdleYoung), spot);
-    assert_eq!(p.decide(5, 4, SpotOld), spot);
+    let steady = chain(0.001, 0.001, 2.0, 0.5);
+    let p = markov::plan(&job(20, 30, 1), &steady, 0, 30);
+    assert_eq!(p.decide(0, 0, mode(None, Some(0))), spot);
+    assert_eq!(p.decide(5, 4, mode(Some(Kind::Spot), Some(1))), spot);
     // Spot comes back fast and the slack is ample: wait for it.
-    assert_eq!(p.decide(2, 0, IdleUnavailable), Some(Choice::Wait));
+    assert_eq!(p.decide(2, 0, mode(None, None)), Some(Choice::Wait));
     // Spot that is rarely back: waiting costs nothing until the slack is one restart, and
     // then on-demand is the only way.
-    let scarce = markov::Chain {
-        lose_young: 0.5,
-        lose_old: 0.5,
-        young_ticks: 2.0,
-        regain: 0.001,
-    };
-    let p = markov::plan(&job(20, 30, 1), scarce, 0, 30);
-    assert_eq!(p.decide(0, 0, IdleUnavailable), Some(Choice::Wait));
-    assert_eq!(p.decide(9, 0, IdleUnavailable), od);
+    let scarce = chain(0.5, 0.5, 2.0, 0.001);
+    let p = markov::plan(&job(20, 30, 1), &scarce, 0, 30);
+    assert_eq!(p.decide(0, 0, mode(None, None)), Some(Choice::Wait));
+    assert_eq!(p.decide(9, 0, mode(None, None)), od);
     // Once on on-demand with the slack spent, it stays there.
-    assert_eq!(p.decide(12, 2, OnDemandOld), od);
+    assert_eq!(p.decide(12, 2, mode(Some(Kind::OnDemand), Some(1))), od);
     // Outside the planned window there is no advice.
-    assert_eq!(p.decide(30, 0, IdleUnavailable), None);
+    assert_eq!(p.decide(30, 0, mode(None, None)), None);
+}
+
+#[test]
+fn the_markov_plan_leaves_on_demand_for_spot_that_has_proved_itself_not_for_a_blip() {
+    // Young runs almost always end within a few ticks; a run that got old lasts.
+    let blippy = markov::Chain {
+        classes: vec![
+            markov::Class {
+                lose: 0.8,
+                ticks: 3.0,
+            },
+            markov::Class {
+                lose: 0.001,
+                ticks: f64::INFINITY,
+            },
+        ],
+        regain: 0.2,
+    };
+    let p = markov::plan(&job(40, 60, 2), &blippy, 0, 60);
+    let od = Some(Choice::Run(Kind::OnDemand));
+    let spot = Some(Choice::Run(Kind::Spot));
+    assert_eq!(p.decide(20, 10, mode(Some(Kind::OnDemand), Some(0))), od);
+    assert_eq!(p.decide(20, 10, mode(Some(Kind::OnDemand), Some(1))), spot);
 }
 
 #[test]
 fn large_plans_coarsen_their_grid_and_still_advise() {
-    let chain = markov::Chain {
-        lose_young: 0.1,
-        lose_old: 0.01,
-        young_ticks: 10.0,
-        regain: 0.01,
-    };
-    let p = markov::plan(&job(10_000, 20_000, 4), chain, 0, 2_000);
+    let c = chain(0.1, 0.01, 10.0, 0.01);
+    let p = markov::plan(&job(10_000, 20_000, 4), &c, 0, 2_000);
     assert!(p.bytes() < 100 << 20, "{} bytes", p.bytes());
-    assert!(p.decide(0, 0, markov::Mode::IdleYoung).is_some());
-    assert!(p.decide(1_999, 1_000, markov::Mode::SpotOld).is_some());
+    assert!(p.decide(0, 0, mode(None, Some(0))).is_some());
+    assert!(
+        p.decide(1_999, 1_000, mode(Some(Kind::Spot), Some(1)))
+            .is_some()
+    );
 }
 
 #[test]
