@@ -342,7 +342,9 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
                 } else {
                     (MISS, MISS)
                 };
-                let idle = best(&[(start_spot, SPOT), (start_od, OD), (wait, WAIT)]);
+                // Between waiting and on-demand at equal expected cost, waiting: it keeps
+                // the option of spot that comes back sooner than the model expects.
+                let idle = best(&[(start_spot, SPOT), (wait, WAIT), (start_od, OD)]);
                 modes[l.idle(s)] = idle;
                 // Keeping a running instance wins ties.
                 modes[l.on_demand(s)] = best(&[(cont_od, OD), idle]);
