@@ -7,9 +7,9 @@
 //! (median runs of 20–40 minutes against means of one to four hours; a run that has lasted
 //! an hour is far likelier to last another than one that began a minute ago), so a planner
 //! that only knew the mean would leave on-demand for every blip and spend its slack on
-//! restarts. A run
-//! leaves its class for the next with probability `1 / ticks` per tick, `ticks` being the
-//! class's length; the last class never ages. Unavailable spot comes back in the first class.
+//! restarts. A run leaves its class for the next with probability `1 / ticks` per tick,
+//! `ticks` being the class's length; the last class never ages. Unavailable spot comes back
+//! in the first class.
 //!
 //! It is the optimum of [`super::optimal`] with the future replaced by a model of it, so it
 //! weighs what the simple rules cannot: a restart's price and time against how long spot
@@ -244,15 +244,6 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
     held[unavailable] = [0.0; STATES];
     held[unavailable][unavailable] = 1.0;
     let (after_restart, kept_through_restart) = (power(&step, states, r), power(&held, states, r));
-    // The nonzero entries of each row of one step.
-    let sparse: Vec<Vec<(usize, f64)>> = (0..states)
-        .map(|i| {
-            (0..states)
-                .filter(|&j| step[i][j] != 0.0)
-                .map(|j| (j, step[i][j]))
-                .collect()
-        })
-        .collect();
     let (spot_restart, od_restart) = (spot * f64::from(r), od * f64::from(r));
 
     let mut out = Plan {
@@ -293,9 +284,6 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
             values[(t as usize % slots) * row + p as usize]
         }
     };
-    let next = |s: usize, v: &[f64; MODES], mode: fn(Layout, usize) -> usize| -> f64 {
-        sparse[s].iter().map(|&(j, p)| p * v[mode(l, j)]).sum()
-    };
     let expect = |probs: &[f64; STATES], v: &[f64; MODES], mode: fn(Layout, usize) -> usize| {
         (0..states).map(|j| probs[j] * v[mode(l, j)]).sum::<f64>()
     };
@@ -321,12 +309,12 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
             };
             let mut modes = [(MISS, WAIT); MODES];
             for s in 0..states {
-                let wait = next(s, &stay, Layout::idle);
-                let cont_od = od + next(s, &gain, Layout::on_demand);
+                let wait = expect(&step[s], &stay, Layout::idle);
+                let cont_od = od + expect(&step[s], &gain, Layout::on_demand);
                 let cont_spot = if s == unavailable {
                     MISS
                 } else {
-                    spot + next(s, &gain, Layout::spot)
+                    spot + expect(&step[s], &gain, Layout::spot)
                 };
                 let (start_spot, start_od) = if r == 0 {
                     (cont_spot, cont_od)

@@ -473,19 +473,7 @@ fn the_markov_plan_takes_lasting_spot_and_waits_while_waiting_is_free() {
 #[test]
 fn the_markov_plan_leaves_on_demand_for_spot_that_has_proved_itself_not_for_a_blip() {
     // Young runs almost always end within a few ticks; a run that got old lasts.
-    let blippy = markov::Chain {
-        classes: vec![
-            markov::Class {
-                lose: 0.8,
-                ticks: 3.0,
-            },
-            markov::Class {
-                lose: 0.001,
-                ticks: f64::INFINITY,
-            },
-        ],
-        regain: 0.2,
-    };
+    let blippy = chain(0.8, 0.001, 3.0, 0.2);
     let p = markov::plan(&job(40, 60, 2), &blippy, 0, 60);
     let od = Some(Choice::Run(Kind::OnDemand));
     let spot = Some(Choice::Run(Kind::Spot));
