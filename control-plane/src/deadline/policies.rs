@@ -132,8 +132,8 @@ impl Policy for UniformProgress {
 ///    makes missing a feasible deadline impossible whatever the plan says.
 ///
 /// The plan, not a fixed line, decides when to use on-demand. The only constants are the
-/// prior, the age classes, the memory's half-life, the pessimism and the re-planning period, the same for
-/// every trace. Where it wins and loses against Uniform Progress: docs/benchmarks.md.
+/// prior, the age classes, the memory's half-life, the pessimism and the re-planning period,
+/// the same for every trace. Where it wins and loses against Uniform Progress: docs/benchmarks.md.
 #[derive(Debug, Clone, Default)]
 pub struct Spotplane {
     /// Per age class of available spot, youngest first.
