@@ -122,8 +122,7 @@ impl Policy for UniformProgress {
 /// 1. Observe: count, for unavailable spot and for available spot in each age class
 ///    ([`AGE_CLASS_HOURS`]), the ticks seen and how many ended the state, the older the less
 ///    ([`MEMORY_HALF_LIFE_HOURS`]), on top of a prior of [`PRIOR_RUN_HOURS`]-long runs; the
-///    estimate is [`markov::Chain`], with the chance that spot ends taken one standard error
-///    high ([`LOSS_SIGMAS`]).
+///    estimate is [`markov::Chain`].
 /// 2. Plan: every tenth of the deadline, [`markov::plan`] computes the schedule of least
 ///    expected cost under that chain from where the job is — the restart-aware answer to
 ///    "spot now or not", "on-demand now or wait", "leave on-demand for this spot or not".
@@ -132,8 +131,8 @@ impl Policy for UniformProgress {
 ///    makes missing a feasible deadline impossible whatever the plan says.
 ///
 /// The plan, not a fixed line, decides when to use on-demand. The only constants are the
-/// prior, the age classes, the memory's half-life, the pessimism and the re-planning period,
-/// the same for every trace. Where it wins and loses against Uniform Progress: docs/benchmarks.md.
+/// prior, the age classes, the memory's half-life and the re-planning period, the same for
+/// every trace. Where it wins and loses against Uniform Progress: docs/benchmarks.md.
 #[derive(Debug, Clone, Default)]
 pub struct Spotplane {
     /// Per age class of available spot, youngest first.
@@ -160,14 +159,6 @@ impl Seen {
         let weight = prior_hours * per_hour;
         (self.ended + weight / (PRIOR_RUN_HOURS * per_hour)) / (self.ticks + weight)
     }
-
-    /// [`Self::rate`] raised by [`LOSS_SIGMAS`] of its uncertainty: `n` ends seen (prior
-    /// included) estimate a rate to about `1/√n` of itself.
-    fn pessimistic_rate(&self, per_hour: f64, prior_hours: f64) -> f64 {
-        let ends = self.ended + prior_hours / PRIOR_RUN_HOURS;
-        let rate = self.rate(per_hour, prior_hours);
-        (rate * (1.0 + LOSS_SIGMAS / ends.sqrt())).min(1.0)
-    }
 }
 
 /// Before anything is observed, spot is believed to come and go in runs of this length...
@@ -180,11 +171,6 @@ pub const AGE_CLASS_HOURS: &[f64] = &[0.25, 1.0];
 const _: () = assert!(AGE_CLASS_HOURS.len() < markov::MAX_CLASSES);
 /// An observation this old weighs half as much as one made now.
 pub const MEMORY_HALF_LIFE_HOURS: f64 = 24.0;
-/// The chance that a run of spot ends is planned with one standard error above its estimate:
-/// a class that has seen few ends (young runs in a pool rarely up, a pool that just changed)
-/// is known poorly, and erring toward "spot ends soon" costs little (on-demand a while
-/// longer) where erring the other way spends a restart and slack on a blip.
-pub const LOSS_SIGMAS: f64 = 1.0;
 
 impl Spotplane {
     pub(super) fn chain(&self, gap_seconds: u32) -> markov::Chain {
@@ -197,7 +183,7 @@ impl Spotplane {
                     .map_or(f64::INFINITY, |end| end - start);
                 let prior = PRIOR_WEIGHT_HOURS * (hours / PRIOR_RUN_HOURS).min(1.0);
                 markov::Class {
-                    lose: self.available[c].pessimistic_rate(per_hour, prior),
+                    lose: self.available[c].rate(per_hour, prior),
                     ticks: hours * per_hour,
                 }
             })
@@ -296,41 +282,5 @@ pub fn guard(v: &View<'_>, wanted: Choice) -> Choice {
         Choice::Run(Kind::Spot) if available && slack >= two_r => SPOT,
         Choice::Run(Kind::Spot) | Choice::Wait if slack > two_r => Choice::Wait,
         _ => OD,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_planned_chance_of_losing_spot_is_higher_the_less_was_seen() {
-        let per_hour = 60.0;
-        let prior = PRIOR_WEIGHT_HOURS;
-        // The same rate of ends, seen over a day and over a hundred days.
-        let (little, much) = (
-            Seen {
-                ticks: 1_440.0,
-                ended: 12.0,
-            },
-            Seen {
-                ticks: 144_000.0,
-                ended: 1_200.0,
-            },
-        );
-        let raise = |s: &Seen| s.pessimistic_rate(per_hour, prior) / s.rate(per_hour, prior);
-        let (a, b) = (raise(&little), raise(&much));
-        let ends = |s: &Seen| s.ended + prior / PRIOR_RUN_HOURS;
-        assert!(
-            (a - (1.0 + LOSS_SIGMAS / ends(&little).sqrt())).abs() < 1e-9,
-            "{a}"
-        );
-        assert!(a > b && b > 1.0 && b < 1.03, "{a} {b}");
-        // Never a probability above one.
-        let certain = Seen {
-            ticks: 1.0,
-            ended: 1.0,
-        };
-        assert!(certain.pessimistic_rate(per_hour, 0.0) <= 1.0);
     }
 }
