@@ -1,15 +1,18 @@
 //! The planner behind the `spotplane` policy: the schedule of least *expected* cost when spot
 //! availability is a Markov chain, by backward induction over the rest of the job.
 //!
-//! The chain's states are spot unavailable and available runs by *age class* (youngest
-//! first; the policy uses runs younger than 15 minutes, than an hour, and older). Each class
-//! has its own chance per tick of ending: spot runs on the traces have a falling hazard
-//! (median runs of 20–40 minutes against means of one to four hours; a run that has lasted
-//! an hour is far likelier to last another than one that began a minute ago), so a planner
-//! that only knew the mean would leave on-demand for every blip and spend its slack on
-//! restarts. A run leaves its class for the next with probability `1 / ticks` per tick,
-//! `ticks` being the class's length; the last class never ages. Unavailable spot comes back
-//! in the first class.
+//! The chain's states are runs of available spot and outages (runs of unavailable spot), each
+//! by *age class* (youngest first; the policy uses three of each). Each class has its own
+//! chance per tick of ending, because both kinds of run on the traces have a falling hazard:
+//! spot runs have medians of 20–40 minutes against means of one to four hours (a run that has
+//! lasted an hour is far likelier to last another than one that began a minute ago), and
+//! outages medians of 20–85 minutes against means of one to ten hours (2–5% of young outages
+//! end each minute, 0.1–0.4% of those older than four hours). A planner that only knew the
+//! means would leave on-demand for every blip and spend its slack on restarts, and would
+//! buy on-demand at the start of every outage as if it were the mean one, or wait through
+//! the long ones as if they were about to end. A run leaves its class for the next with
+//! probability `1 / ticks` per tick, `ticks` being the class's length; the last class never
+//! ages. A run that ends starts the other kind in its first class.
 //!
 //! It is the optimum of [`super::optimal`] with the future replaced by a model of it, so it
 //! weighs what the simple rules cannot: a restart's price and time against how long spot
@@ -20,7 +23,7 @@
 //! States at a tick, with progress `p`: idle, on a spot instance (restart paid) or on
 //! on-demand, each with the state of spot (on spot, only the available ones). A start is one
 //! move of `R` ticks, as in [`super::optimal`]; a spot preempted during its restart is
-//! counted as idle, spot unavailable, at the end of it (earlier in fact: the model is
+//! counted as idle, in a young outage, at the end of it (earlier in fact: the model is
 //! pessimistic there). Leaving an instance for another is "stop, then start".
 //!
 //! Large problems are planned on a coarser grid: `scale` ticks of time and progress per step,
@@ -36,18 +39,18 @@ const MISS: f64 = 1e18;
 /// The most (time, progress) pairs one plan computes before it coarsens its grid.
 pub const MAX_CELLS: u64 = 30_000_000;
 
-/// The most age classes of available spot a chain may have.
+/// The most age classes a chain may have of each kind of run (available, unavailable).
 pub const MAX_CLASSES: usize = 3;
-/// Spot states: the classes, then unavailable.
-const STATES: usize = MAX_CLASSES + 1;
-/// Modes: idle and on on-demand in each spot state, on spot in each class.
-const MODES: usize = 3 * MAX_CLASSES + 2;
+/// Spot states: the classes of available spot, then those of outages.
+const STATES: usize = 2 * MAX_CLASSES;
+/// Modes: idle and on on-demand in each spot state, on spot in each class of available spot.
+const MODES: usize = 2 * STATES + MAX_CLASSES;
 
-/// One age class of available spot.
+/// One age class of a kind of run.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Class {
-    /// P(a run of this age ends after this tick).
-    pub lose: f64,
+    /// P(a run of this age ends after this tick): spot is lost, or an outage is over.
+    pub ends: f64,
     /// Ticks a run stays in this class on average (ignored for the last class).
     pub ticks: f64,
 }
@@ -55,10 +58,10 @@ pub struct Class {
 /// Per-tick transition probabilities of spot availability.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Chain {
-    /// Age classes of available spot, youngest first: 1 to [`MAX_CLASSES`].
-    pub classes: Vec<Class>,
-    /// P(spot unavailable now is back at the next tick).
-    pub regain: f64,
+    /// Age classes of runs of available spot, youngest first: 1 to [`MAX_CLASSES`].
+    pub available: Vec<Class>,
+    /// Age classes of outages, youngest first: 1 to [`MAX_CLASSES`].
+    pub unavailable: Vec<Class>,
 }
 
 /// The job as the planner sees it (ticks; prices in micro-USD per hour).
@@ -71,11 +74,11 @@ pub struct Job {
     pub on_demand_price: f64,
 }
 
-/// The state of spot at a tick, as the policy sees it.
+/// The state of spot at a tick, as the policy sees it: the age class of the current run of
+/// available spot or of the current outage (beyond the last class: the last).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spot {
-    Unavailable,
-    /// Available, in this age class (beyond the last: the last).
+    Unavailable(usize),
     Available(usize),
 }
 
@@ -91,22 +94,30 @@ const WAIT: u8 = 0;
 const SPOT: u8 = 1;
 const OD: u8 = 2;
 
-/// The mode indices of a chain with `n` classes (spot states `0..n`, unavailable `n`).
+/// The mode indices of a chain with `n` classes of available spot and `states` spot states in
+/// all (available `0..n`, outages `n..states`).
 #[derive(Debug, Clone, Copy)]
 struct Layout {
     n: usize,
+    states: usize,
 }
 
 impl Layout {
     fn idle(self, s: usize) -> usize {
         s
     }
-    /// On spot in state `s`; unavailable means the instance is gone: idle.
+    /// On spot in state `s`; in an outage the instance is gone: idle.
     fn spot(self, s: usize) -> usize {
-        if s == self.n { s } else { self.n + 1 + s }
+        if s >= self.n { s } else { self.states + s }
     }
     fn on_demand(self, s: usize) -> usize {
-        2 * self.n + 1 + s
+        self.states + self.n + s
+    }
+    fn state(self, spot: Spot) -> usize {
+        match spot {
+            Spot::Available(class) => class.min(self.n - 1),
+            Spot::Unavailable(class) => self.n + class.min(self.states - self.n - 1),
+        }
     }
 }
 
@@ -145,10 +156,7 @@ impl Plan {
             return None;
         }
         let l = self.layout;
-        let s = match mode.spot {
-            Spot::Unavailable => l.n,
-            Spot::Available(class) => class.min(l.n - 1),
-        };
+        let s = l.state(mode.spot);
         let m = match mode.running {
             None => l.idle(s),
             Some(Kind::Spot) => l.spot(s),
@@ -192,18 +200,81 @@ fn power(m: &Matrix, n: usize, times: u32) -> Matrix {
     out
 }
 
+/// The non-zero entries of each row of a transition matrix, for expectations that skip the
+/// states a row cannot reach.
+#[derive(Debug, Clone, Copy)]
+struct Sparse {
+    len: [usize; STATES],
+    to: [[(usize, f64); STATES]; STATES],
+}
+
+impl Sparse {
+    fn of(m: &Matrix, n: usize) -> Sparse {
+        let mut out = Sparse {
+            len: [0; STATES],
+            to: [[(0, 0.0); STATES]; STATES],
+        };
+        for (i, row) in m.iter().enumerate().take(n) {
+            for (j, &p) in row.iter().enumerate().take(n) {
+                if p != 0.0 {
+                    out.to[i][out.len[i]] = (j, p);
+                    out.len[i] += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// The expected value of `v` in `mode` of the state after one move from `s`.
+    fn expect(
+        &self,
+        s: usize,
+        v: &[f64; MODES],
+        l: Layout,
+        mode: fn(Layout, usize) -> usize,
+    ) -> f64 {
+        self.to[s][..self.len[s]]
+            .iter()
+            .map(|&(j, p)| p * v[mode(l, j)])
+            .sum()
+    }
+}
+
+/// Fills the rows of one kind of run (`classes`, from state `first`) of a step matrix of
+/// `k` ticks; a run that ends goes to state `other`, the first class of the other kind.
+fn fill(step: &mut Matrix, classes: &[Class], first: usize, other: usize, k: f64) {
+    let per_step = |p: f64| (1.0 - (1.0 - p).powf(k)).clamp(1e-9, 1.0);
+    for (c, class) in classes.iter().enumerate() {
+        let i = first + c;
+        let ends = per_step(class.ends);
+        let last = c + 1 == classes.len();
+        let grow = if last {
+            0.0
+        } else {
+            (k / class.ticks.max(1.0)).min(1.0)
+        };
+        step[i][i] = (1.0 - ends) * (1.0 - grow);
+        if !last {
+            step[i][i + 1] = (1.0 - ends) * grow;
+        }
+        step[i][other] += ends;
+    }
+}
+
 /// Plans the job from tick `from`, keeping decisions for ticks before `until`.
 ///
 /// # Panics
-/// If the chain has no class or more than [`MAX_CLASSES`].
+/// If the chain has no class of a kind of run or more than [`MAX_CLASSES`].
 pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
-    let n = chain.classes.len();
-    assert!(
-        (1..=MAX_CLASSES).contains(&n),
-        "a chain has 1 to {MAX_CLASSES} age classes, not {n}"
-    );
-    let l = Layout { n };
-    let (states, unavailable) = (n + 1, n);
+    let (n, m) = (chain.available.len(), chain.unavailable.len());
+    for (kind, len) in [("available spot", n), ("outages", m)] {
+        assert!(
+            (1..=MAX_CLASSES).contains(&len),
+            "a chain has 1 to {MAX_CLASSES} age classes of {kind}, not {len}"
+        );
+    }
+    let states = n + m;
+    let l = Layout { n, states };
     // 1. The grid: `scale` ticks per step, work and restart rounded up, the deadline down.
     let band = u64::from(job.deadline.saturating_sub(job.work)).min(u64::from(job.work)) + 1;
     let cells = u64::from(job.deadline.saturating_sub(from)) * band;
@@ -220,30 +291,21 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
     let (from, until) = (from / scale, until.div_ceil(scale).min(d));
     let k = f64::from(scale);
     let (spot, od) = (job.spot_price * k, job.on_demand_price * k);
-    let per_step = |p: f64| (1.0 - (1.0 - p).powf(k)).clamp(1e-9, 1.0);
-    // One step of spot's state, and the same with "unavailable" absorbing (a spot instance
-    // once lost stays lost).
+    // One step of spot's state, and the same with outages absorbing (a spot instance once
+    // lost stays lost: the job is idle in a young outage).
     let mut step: Matrix = [[0.0; STATES]; STATES];
-    for (c, class) in chain.classes.iter().enumerate() {
-        let lose = per_step(class.lose);
-        let grow = if c + 1 == n {
-            0.0
-        } else {
-            (k / class.ticks.max(1.0)).min(1.0)
-        };
-        step[c][c] = (1.0 - lose) * (1.0 - grow);
-        if c + 1 < n {
-            step[c][c + 1] = (1.0 - lose) * grow;
-        }
-        step[c][unavailable] = lose;
-    }
-    let back = per_step(chain.regain);
-    step[unavailable][0] = back;
-    step[unavailable][unavailable] = 1.0 - back;
+    fill(&mut step, &chain.available, 0, n, k);
+    fill(&mut step, &chain.unavailable, n, 0, k);
     let mut held = step;
-    held[unavailable] = [0.0; STATES];
-    held[unavailable][unavailable] = 1.0;
-    let (after_restart, kept_through_restart) = (power(&step, states, r), power(&held, states, r));
+    for (s, row) in held.iter_mut().enumerate().take(states).skip(n) {
+        *row = [0.0; STATES];
+        row[s] = 1.0;
+    }
+    let (after_restart, kept_through_restart) = (
+        Sparse::of(&power(&step, states, r), states),
+        Sparse::of(&power(&held, states, r), states),
+    );
+    let step = Sparse::of(&step, states);
     let (spot_restart, od_restart) = (spot * f64::from(r), od * f64::from(r));
 
     let mut out = Plan {
@@ -284,9 +346,6 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
             values[(t as usize % slots) * row + p as usize]
         }
     };
-    let expect = |probs: &[f64; STATES], v: &[f64; MODES], mode: fn(Layout, usize) -> usize| {
-        (0..states).map(|j| probs[j] * v[mode(l, j)]).sum::<f64>()
-    };
     let best = |options: &[(f64, u8)]| {
         options
             .iter()
@@ -309,23 +368,24 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
             };
             let mut modes = [(MISS, WAIT); MODES];
             for s in 0..states {
-                let wait = expect(&step[s], &stay, Layout::idle);
-                let cont_od = od + expect(&step[s], &gain, Layout::on_demand);
-                let cont_spot = if s == unavailable {
-                    MISS
+                let up = s < n;
+                let wait = step.expect(s, &stay, l, Layout::idle);
+                let cont_od = od + step.expect(s, &gain, l, Layout::on_demand);
+                let cont_spot = if up {
+                    spot + step.expect(s, &gain, l, Layout::spot)
                 } else {
-                    spot + expect(&step[s], &gain, Layout::spot)
+                    MISS
                 };
                 let (start_spot, start_od) = if r == 0 {
                     (cont_spot, cont_od)
                 } else if fits {
                     (
-                        if s == unavailable {
-                            MISS
+                        if up {
+                            spot_restart + kept_through_restart.expect(s, &later, l, Layout::spot)
                         } else {
-                            spot_restart + expect(&kept_through_restart[s], &later, Layout::spot)
+                            MISS
                         },
-                        od_restart + expect(&after_restart[s], &later, Layout::on_demand),
+                        od_restart + after_restart.expect(s, &later, l, Layout::on_demand),
                     )
                 } else {
                     (MISS, MISS)
@@ -336,7 +396,7 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
                 modes[l.idle(s)] = idle;
                 // Keeping a running instance wins ties.
                 modes[l.on_demand(s)] = best(&[(cont_od, OD), idle]);
-                if s != unavailable {
+                if up {
                     modes[l.spot(s)] = best(&[(cont_spot, SPOT), idle]);
                 }
             }

@@ -119,10 +119,10 @@ impl Policy for UniformProgress {
 /// spotplane's policy: plan with a model of spot learned from the trace so far, act within
 /// the safety rules.
 ///
-/// 1. Observe: count, for unavailable spot and for available spot in each age class
-///    ([`AGE_CLASS_HOURS`]), the ticks seen and how many ended the state, the older the less
-///    ([`MEMORY_HALF_LIFE_HOURS`]), on top of a prior of [`PRIOR_RUN_HOURS`]-long runs; the
-///    estimate is [`markov::Chain`].
+/// 1. Observe: count, for runs of available spot and for outages, each in its age classes
+///    ([`AGE_CLASS_HOURS`], [`OUTAGE_CLASS_HOURS`]), the ticks seen and how many ended the
+///    run, the older the less ([`MEMORY_HALF_LIFE_HOURS`]), on top of a prior of
+///    [`PRIOR_RUN_HOURS`]-long runs; the estimate is [`markov::Chain`].
 /// 2. Plan: every tenth of the deadline, [`markov::plan`] computes the schedule of least
 ///    expected cost under that chain from where the job is — the restart-aware answer to
 ///    "spot now or not", "on-demand now or wait", "leave on-demand for this spot or not".
@@ -135,14 +135,16 @@ impl Policy for UniformProgress {
 /// every trace. Where it wins and loses against Uniform Progress: docs/benchmarks.md.
 #[derive(Debug, Clone, Default)]
 pub struct Spotplane {
-    /// Per age class of available spot, youngest first.
+    /// Per age class of runs of available spot, youngest first.
     available: [Seen; markov::MAX_CLASSES],
-    unavailable: Seen,
+    /// Per age class of outages, youngest first.
+    unavailable: [Seen; markov::MAX_CLASSES],
     last: Option<bool>,
-    /// Ticks the current run of available spot has lasted (0 while unavailable).
+    /// Ticks the current run of available spot, or the current outage, has lasted.
     age: u32,
     plan: Option<markov::Plan>,
     replan_at: u32,
+    prior: Prior,
 }
 
 /// Ticks observed in one state of spot, and how many of them were its last.
@@ -153,54 +155,114 @@ struct Seen {
 }
 
 impl Seen {
-    /// The chance per tick that the state ends, with `prior` hours of runs `PRIOR_RUN_HOURS`
-    /// long mixed in.
-    fn rate(&self, per_hour: f64, prior_hours: f64) -> f64 {
-        let weight = prior_hours * per_hour;
-        (self.ended + weight / (PRIOR_RUN_HOURS * per_hour)) / (self.ticks + weight)
+    /// The chance per tick that the state ends, with `weight_hours` of observation of runs
+    /// `run_hours` long mixed in.
+    fn rate(&self, per_hour: f64, weight_hours: f64, run_hours: f64) -> f64 {
+        let weight = weight_hours * per_hour;
+        (self.ended + weight / (run_hours * per_hour)) / (self.ticks + weight)
     }
 }
 
-/// Before anything is observed, spot is believed to come and go in runs of this length...
+/// What the policy believes of a pool before it has seen it: in each age class, the mean
+/// length of a run (were the class's chance of ending to hold for the whole run).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prior {
+    /// Runs of available spot, per class of [`AGE_CLASS_HOURS`].
+    pub available_hours: [f64; markov::MAX_CLASSES],
+    /// Outages, per class of [`OUTAGE_CLASS_HOURS`].
+    pub unavailable_hours: [f64; markov::MAX_CLASSES],
+    /// The weight of the belief, in hours of observation of a last class; a shorter class,
+    /// where each run spends only its length, weighs its share of a [`PRIOR_RUN_HOURS`] run.
+    pub weight_hours: f64,
+}
+
+impl Default for Prior {
+    fn default() -> Self {
+        Prior {
+            available_hours: [PRIOR_RUN_HOURS; markov::MAX_CLASSES],
+            unavailable_hours: [PRIOR_RUN_HOURS; markov::MAX_CLASSES],
+            weight_hours: PRIOR_WEIGHT_HOURS,
+        }
+    }
+}
+
+/// The length of run by which a class's share of the prior's weight is measured.
 pub const PRIOR_RUN_HOURS: f64 = 2.0;
-/// ...with the weight of this many hours of observation (the last age class and outages; a
-/// shorter class, where each run spends only its length, weighs its share of a prior run).
+/// The prior's weight in hours of observation.
 pub const PRIOR_WEIGHT_HOURS: f64 = 10.0;
-/// Where the age classes of available spot end, in hours; the last class has no end.
+/// Where the age classes of runs of available spot end, in hours; the last class has no end.
 pub const AGE_CLASS_HOURS: &[f64] = &[0.25, 1.0];
+/// Where the age classes of outages end, in hours; the last class has no end.
+pub const OUTAGE_CLASS_HOURS: &[f64] = &[0.5, 2.0];
 const _: () = assert!(AGE_CLASS_HOURS.len() < markov::MAX_CLASSES);
+const _: () = assert!(OUTAGE_CLASS_HOURS.len() < markov::MAX_CLASSES);
 /// An observation this old weighs half as much as one made now.
 pub const MEMORY_HALF_LIFE_HOURS: f64 = 24.0;
 
+/// The classes of one kind of run as the planner takes them, from what has been seen.
+fn classes(
+    seen: &[Seen],
+    ends: &[f64],
+    prior_hours: &[f64],
+    weight_hours: f64,
+    per_hour: f64,
+) -> Vec<markov::Class> {
+    (0..=ends.len())
+        .map(|c| {
+            let start = if c == 0 { 0.0 } else { ends[c - 1] };
+            let hours = ends.get(c).map_or(f64::INFINITY, |end| end - start);
+            let weight = weight_hours * (hours / PRIOR_RUN_HOURS).min(1.0);
+            markov::Class {
+                ends: seen[c].rate(per_hour, weight, prior_hours[c]),
+                ticks: hours * per_hour,
+            }
+        })
+        .collect()
+}
+
+/// The age class of a run `age` ticks old, for classes ending at `ends` hours.
+fn class_of(age: u32, gap_seconds: u32, ends: &[f64]) -> usize {
+    let hours = f64::from(age) * f64::from(gap_seconds) / 3600.0;
+    ends.iter().take_while(|&&end| hours >= end).count()
+}
+
 impl Spotplane {
-    pub(super) fn chain(&self, gap_seconds: u32) -> markov::Chain {
-        let per_hour = 3600.0 / f64::from(gap_seconds.max(1));
-        let classes = (0..=AGE_CLASS_HOURS.len())
-            .map(|c| {
-                let start = if c == 0 { 0.0 } else { AGE_CLASS_HOURS[c - 1] };
-                let hours = AGE_CLASS_HOURS
-                    .get(c)
-                    .map_or(f64::INFINITY, |end| end - start);
-                let prior = PRIOR_WEIGHT_HOURS * (hours / PRIOR_RUN_HOURS).min(1.0);
-                markov::Class {
-                    lose: self.available[c].rate(per_hour, prior),
-                    ticks: hours * per_hour,
-                }
-            })
-            .collect();
-        markov::Chain {
-            classes,
-            regain: self.unavailable.rate(per_hour, PRIOR_WEIGHT_HOURS),
+    /// The policy with its own belief about pools it has not seen.
+    pub fn with_prior(prior: Prior) -> Self {
+        Spotplane {
+            prior,
+            ..Spotplane::default()
         }
     }
 
-    /// The age class of a run of available spot `age` ticks old.
-    fn class(&self, gap_seconds: u32) -> usize {
-        let hours = f64::from(self.age) * f64::from(gap_seconds) / 3600.0;
-        AGE_CLASS_HOURS
-            .iter()
-            .take_while(|&&end| hours >= end)
-            .count()
+    pub(super) fn chain(&self, gap_seconds: u32) -> markov::Chain {
+        let per_hour = 3600.0 / f64::from(gap_seconds.max(1));
+        let p = &self.prior;
+        markov::Chain {
+            available: classes(
+                &self.available,
+                AGE_CLASS_HOURS,
+                &p.available_hours,
+                p.weight_hours,
+                per_hour,
+            ),
+            unavailable: classes(
+                &self.unavailable,
+                OUTAGE_CLASS_HOURS,
+                &p.unavailable_hours,
+                p.weight_hours,
+                per_hour,
+            ),
+        }
+    }
+
+    /// The state of spot now: the current run's kind and age class.
+    fn spot(&self, available: bool, gap_seconds: u32) -> markov::Spot {
+        if available {
+            markov::Spot::Available(class_of(self.age, gap_seconds, AGE_CLASS_HOURS))
+        } else {
+            markov::Spot::Unavailable(class_of(self.age, gap_seconds, OUTAGE_CLASS_HOURS))
+        }
     }
 }
 
@@ -209,20 +271,22 @@ impl Policy for Spotplane {
         // 1. Observe the change from the last tick to this one.
         let now = v.spot_available();
         if let Some(before) = self.last {
-            let class = self.class(v.gap_seconds);
-            let seen = if before {
-                &mut self.available[class]
-            } else {
-                &mut self.unavailable
+            let seen = match self.spot(before, v.gap_seconds) {
+                markov::Spot::Available(c) => &mut self.available[c],
+                markov::Spot::Unavailable(c) => &mut self.unavailable[c],
             };
             seen.ticks += 1.0;
             seen.ended += f64::from(u8::from(before != now));
         }
+        self.age = if self.last == Some(now) {
+            self.age + 1
+        } else {
+            1
+        };
         self.last = Some(now);
-        self.age = if now { self.age + 1 } else { 0 };
         // Older observations weigh less: pools change their behaviour within days.
         let decay = 0.5f64.powf(f64::from(v.gap_seconds) / (MEMORY_HALF_LIFE_HOURS * 3600.0));
-        for seen in self.available.iter_mut().chain([&mut self.unavailable]) {
+        for seen in self.available.iter_mut().chain(&mut self.unavailable) {
             seen.ticks *= decay;
             seen.ended *= decay;
         }
@@ -248,14 +312,9 @@ impl Policy for Spotplane {
         let wanted = match (v.running, v.overhead_left) {
             (Some(kind), left) if left > 0 => Choice::Run(kind),
             _ => {
-                let spot = if now {
-                    markov::Spot::Available(self.class(v.gap_seconds))
-                } else {
-                    markov::Spot::Unavailable
-                };
                 let mode = markov::Mode {
                     running: v.running,
-                    spot,
+                    spot: self.spot(now, v.gap_seconds),
                 };
                 self.plan
                     .as_ref()
