@@ -200,24 +200,25 @@ fn power(m: &Matrix, n: usize, times: u32) -> Matrix {
     out
 }
 
-/// The non-zero entries of each row of a transition matrix, for expectations that skip the
-/// states a row cannot reach.
+/// The non-zero entries of each row of a transition matrix, each with the index of the mode
+/// it leads to: an expectation then reads only the values it needs.
 #[derive(Debug, Clone, Copy)]
-struct Sparse {
+struct Moves {
     len: [usize; STATES],
     to: [[(usize, f64); STATES]; STATES],
 }
 
-impl Sparse {
-    fn of(m: &Matrix, n: usize) -> Sparse {
-        let mut out = Sparse {
+impl Moves {
+    /// The moves of `m` (of `states` states) into the modes `mode` gives each state.
+    fn of(m: &Matrix, l: Layout, mode: fn(Layout, usize) -> usize) -> Moves {
+        let mut out = Moves {
             len: [0; STATES],
             to: [[(0, 0.0); STATES]; STATES],
         };
-        for (i, row) in m.iter().enumerate().take(n) {
-            for (j, &p) in row.iter().enumerate().take(n) {
+        for (i, row) in m.iter().enumerate().take(l.states) {
+            for (j, &p) in row.iter().enumerate().take(l.states) {
                 if p != 0.0 {
-                    out.to[i][out.len[i]] = (j, p);
+                    out.to[i][out.len[i]] = (mode(l, j), p);
                     out.len[i] += 1;
                 }
             }
@@ -225,17 +226,11 @@ impl Sparse {
         out
     }
 
-    /// The expected value of `v` in `mode` of the state after one move from `s`.
-    fn expect(
-        &self,
-        s: usize,
-        v: &[f64; MODES],
-        l: Layout,
-        mode: fn(Layout, usize) -> usize,
-    ) -> f64 {
+    /// The expected value of `v` after one move from state `s`.
+    fn expect(&self, s: usize, v: &[f64; MODES]) -> f64 {
         self.to[s][..self.len[s]]
             .iter()
-            .map(|&(j, p)| p * v[mode(l, j)])
+            .map(|&(m, p)| p * v[m])
             .sum()
     }
 }
@@ -301,11 +296,14 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
         *row = [0.0; STATES];
         row[s] = 1.0;
     }
-    let (after_restart, kept_through_restart) = (
-        Sparse::of(&power(&step, states, r), states),
-        Sparse::of(&power(&held, states, r), states),
+    let (after_restart, kept_through_restart) = (power(&step, states, r), power(&held, states, r));
+    let (wait_moves, od_moves, spot_moves) = (
+        Moves::of(&step, l, Layout::idle),
+        Moves::of(&step, l, Layout::on_demand),
+        Moves::of(&step, l, Layout::spot),
     );
-    let step = Sparse::of(&step, states);
+    let start_od_moves = Moves::of(&after_restart, l, Layout::on_demand);
+    let start_spot_moves = Moves::of(&kept_through_restart, l, Layout::spot);
     let (spot_restart, od_restart) = (spot * f64::from(r), od * f64::from(r));
 
     let mut out = Plan {
@@ -337,11 +335,13 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
     let slots = r as usize + 2;
     let row = w as usize;
     let mut values = vec![[MISS; MODES]; slots * row];
+    const DONE: [f64; MODES] = [0.0; MODES];
+    const MISSED: [f64; MODES] = [MISS; MODES];
     let get = |values: &[[f64; MODES]], t: u32, p: u32| -> [f64; MODES] {
         if p >= w {
-            [0.0; MODES]
+            DONE
         } else if t >= d || p < out.lo(t) || p > out.hi(t) {
-            [MISS; MODES]
+            MISSED
         } else {
             values[(t as usize % slots) * row + p as usize]
         }
@@ -369,10 +369,10 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
             let mut modes = [(MISS, WAIT); MODES];
             for s in 0..states {
                 let up = s < n;
-                let wait = step.expect(s, &stay, l, Layout::idle);
-                let cont_od = od + step.expect(s, &gain, l, Layout::on_demand);
+                let wait = wait_moves.expect(s, &stay);
+                let cont_od = od + od_moves.expect(s, &gain);
                 let cont_spot = if up {
-                    spot + step.expect(s, &gain, l, Layout::spot)
+                    spot + spot_moves.expect(s, &gain)
                 } else {
                     MISS
                 };
@@ -381,11 +381,11 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
                 } else if fits {
                     (
                         if up {
-                            spot_restart + kept_through_restart.expect(s, &later, l, Layout::spot)
+                            spot_restart + start_spot_moves.expect(s, &later)
                         } else {
                             MISS
                         },
-                        od_restart + after_restart.expect(s, &later, l, Layout::on_demand),
+                        od_restart + start_od_moves.expect(s, &later),
                     )
                 } else {
                     (MISS, MISS)
