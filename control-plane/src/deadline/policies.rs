@@ -121,8 +121,8 @@ impl Policy for UniformProgress {
 ///
 /// 1. Observe: count, for runs of available spot and for outages, each in its age classes
 ///    ([`AGE_CLASS_HOURS`], [`OUTAGE_CLASS_HOURS`]), the ticks seen and how many ended the
-///    run, the older the less ([`MEMORY_HALF_LIFE_HOURS`]), on top of a prior of
-///    [`PRIOR_RUN_HOURS`]-long runs; the estimate is [`markov::Chain`].
+///    run, the older the less ([`MEMORY_HALF_LIFE_HOURS`]), on top of a [`Prior`] (by
+///    default runs of [`PRIOR_RUN_HOURS`] in every class); the estimate is [`markov::Chain`].
 /// 2. Plan: every tenth of the deadline, [`markov::plan`] computes the schedule of least
 ///    expected cost under that chain from where the job is — the restart-aware answer to
 ///    "spot now or not", "on-demand now or wait", "leave on-demand for this spot or not".
@@ -186,9 +186,10 @@ impl Default for Prior {
     }
 }
 
-/// The length of run by which a class's share of the prior's weight is measured.
+/// The default prior's mean run in every class, and the run by which a short class's share
+/// of a prior's weight is measured.
 pub const PRIOR_RUN_HOURS: f64 = 2.0;
-/// The prior's weight in hours of observation.
+/// The default prior's weight in hours of observation.
 pub const PRIOR_WEIGHT_HOURS: f64 = 10.0;
 /// Where the age classes of runs of available spot end, in hours; the last class has no end.
 pub const AGE_CLASS_HOURS: &[f64] = &[0.25, 1.0];
