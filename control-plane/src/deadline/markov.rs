@@ -335,13 +335,11 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
     let slots = r as usize + 2;
     let row = w as usize;
     let mut values = vec![[MISS; MODES]; slots * row];
-    const DONE: [f64; MODES] = [0.0; MODES];
-    const MISSED: [f64; MODES] = [MISS; MODES];
     let get = |values: &[[f64; MODES]], t: u32, p: u32| -> [f64; MODES] {
         if p >= w {
-            DONE
+            [0.0; MODES]
         } else if t >= d || p < out.lo(t) || p > out.hi(t) {
-            MISSED
+            [MISS; MODES]
         } else {
             values[(t as usize % slots) * row + p as usize]
         }
