@@ -41,6 +41,8 @@ pub mod policies;
 pub mod trace;
 
 #[cfg(test)]
+mod limits;
+#[cfg(test)]
 mod tests;
 
 pub use trace::TraceError;
@@ -338,6 +340,74 @@ pub struct Outcome {
     pub preemptions: u32,
 }
 
+/// Where the job is between two ticks: what [`simulate`] advances, one tick at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct JobState {
+    /// Ticks of work done.
+    pub progress: u32,
+    /// The instance alive, if any.
+    pub running: Option<Kind>,
+    /// Restart ticks the running instance still has to spend before it makes progress.
+    pub overhead_left: u32,
+}
+
+impl JobState {
+    /// Applies the trace at the start of a tick: a spot instance is lost where spot is not
+    /// available. Returns whether it was.
+    pub fn preempt(&mut self, available: bool) -> bool {
+        let lost = self.running == Some(Kind::Spot) && !available;
+        if lost {
+            self.running = None;
+            self.overhead_left = 0;
+        }
+        lost
+    }
+
+    /// Spends one tick on `choice` (`Run(Spot)` only where spot is available). Returns the
+    /// kind billed for the tick, if any, and whether the tick started an instance.
+    pub fn act(&mut self, choice: Choice, restart: u32) -> (Option<Kind>, bool) {
+        match choice {
+            Choice::Wait => {
+                self.running = None;
+                self.overhead_left = 0;
+                (None, false)
+            }
+            Choice::Run(kind) => {
+                let started = self.running != Some(kind);
+                if started {
+                    self.running = Some(kind);
+                    self.overhead_left = restart;
+                }
+                if self.overhead_left > 0 {
+                    self.overhead_left -= 1;
+                } else {
+                    self.progress += 1;
+                }
+                (Some(kind), started)
+            }
+        }
+    }
+}
+
+impl Model {
+    /// What a policy is shown at tick `t` (before the deadline) with the job at `job`.
+    pub fn view(&self, t: u32, job: &JobState) -> View<'_> {
+        View {
+            tick: t,
+            gap_seconds: self.gap_seconds,
+            work: self.work,
+            deadline: self.deadline,
+            restart: self.restart,
+            progress: job.progress,
+            running: job.running,
+            overhead_left: job.overhead_left,
+            history: &self.available[..=t as usize],
+            spot_price: self.price(Kind::Spot, t),
+            on_demand_price: self.on_demand_price,
+        }
+    }
+}
+
 /// Runs one policy on the model, tick by tick, from tick 0 until the work is done.
 ///
 /// A `Run(Spot)` while spot is unavailable is treated as `Wait` (debug builds assert it
@@ -345,34 +415,15 @@ pub struct Outcome {
 /// policy says: the deadline is already missed and the run must end.
 pub fn simulate(model: &Model, policy: &mut dyn Policy) -> Outcome {
     let mut out = Outcome::default();
-    let mut running: Option<Kind> = None;
-    let mut overhead_left = 0u32;
-    let mut progress = 0u32;
+    let mut job = JobState::default();
     let mut t = 0u32;
-    while progress < model.work {
+    while job.progress < model.work {
         let available = model.available_at(t);
-        if running == Some(Kind::Spot) && !available {
-            running = None;
-            overhead_left = 0;
-            out.preemptions += 1;
-        }
+        out.preemptions += u32::from(job.preempt(available));
         let choice = if t >= model.deadline {
             Choice::Run(Kind::OnDemand)
         } else {
-            let view = View {
-                tick: t,
-                gap_seconds: model.gap_seconds,
-                work: model.work,
-                deadline: model.deadline,
-                restart: model.restart,
-                progress,
-                running,
-                overhead_left,
-                history: &model.available[..=t as usize],
-                spot_price: model.price(Kind::Spot, t),
-                on_demand_price: model.on_demand_price,
-            };
-            policy.decide(&view)
+            policy.decide(&model.view(t, &job))
         };
         let choice = match choice {
             Choice::Run(Kind::Spot) if !available => {
@@ -381,27 +432,13 @@ pub fn simulate(model: &Model, policy: &mut dyn Policy) -> Outcome {
             }
             c => c,
         };
-        match choice {
-            Choice::Wait => {
-                running = None;
-                overhead_left = 0;
-            }
-            Choice::Run(kind) => {
-                if running != Some(kind) {
-                    running = Some(kind);
-                    overhead_left = model.restart;
-                    out.restarts += 1;
-                }
-                out.cost += model.price(kind, t);
-                match kind {
-                    Kind::Spot => out.spot_ticks += 1,
-                    Kind::OnDemand => out.on_demand_ticks += 1,
-                }
-                if overhead_left > 0 {
-                    overhead_left -= 1;
-                } else {
-                    progress += 1;
-                }
+        let (billed, started) = job.act(choice, model.restart);
+        out.restarts += u32::from(started);
+        if let Some(kind) = billed {
+            out.cost += model.price(kind, t);
+            match kind {
+                Kind::Spot => out.spot_ticks += 1,
+                Kind::OnDemand => out.on_demand_ticks += 1,
             }
         }
         t += 1;

@@ -22,7 +22,7 @@ pub fn safety_net(v: &View<'_>) -> bool {
 }
 
 /// On-demand from tick 0 to the end.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct OnDemand;
 
 impl Policy for OnDemand {
@@ -33,7 +33,7 @@ impl Policy for OnDemand {
 
 /// The paper's greedy policy (§3.4): spot whenever available, wait otherwise, until the
 /// Safety Net Rule moves the job to on-demand for good.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Greedy {
     committed: bool,
 }
@@ -77,7 +77,7 @@ impl Policy for Greedy {
 /// `openevolve/examples/ADRS/cant-be-late/initial_up.py`. The paper leaves open what the job
 /// does on on-demand while spot is unavailable and it is ahead of the line; like the authors'
 /// simulator, it keeps the on-demand instance (leaving would pay another restart to return).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct UniformProgress {
     committed: bool,
 }
