@@ -390,6 +390,20 @@ impl JobState {
 }
 
 impl Model {
+    /// Spends tick `t` on `choice` for `job` (after [`JobState::preempt`]). A `Run(Spot)`
+    /// while spot is unavailable is taken as `Wait` (debug builds assert it never happens).
+    /// Returns the kind billed, if any, and whether the tick started an instance.
+    pub fn spend(&self, t: u32, job: &mut JobState, choice: Choice) -> (Option<Kind>, bool) {
+        let choice = match choice {
+            Choice::Run(Kind::Spot) if !self.available_at(t) => {
+                debug_assert!(false, "a policy asked for spot at tick {t} without spot");
+                Choice::Wait
+            }
+            c => c,
+        };
+        job.act(choice, self.restart)
+    }
+
     /// What a policy is shown at tick `t` (before the deadline) with the job at `job`.
     pub fn view(&self, t: u32, job: &JobState) -> View<'_> {
         View {
@@ -425,14 +439,7 @@ pub fn simulate(model: &Model, policy: &mut dyn Policy) -> Outcome {
         } else {
             policy.decide(&model.view(t, &job))
         };
-        let choice = match choice {
-            Choice::Run(Kind::Spot) if !available => {
-                debug_assert!(false, "a policy asked for spot at tick {t} without spot");
-                Choice::Wait
-            }
-            c => c,
-        };
-        let (billed, started) = job.act(choice, model.restart);
+        let (billed, started) = model.spend(t, &mut job, choice);
         out.restarts += u32::from(started);
         if let Some(kind) = billed {
             out.cost += model.price(kind, t);
