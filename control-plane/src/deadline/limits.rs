@@ -19,8 +19,8 @@
 //!    cost at least the rest on on-demand, which loses money even if spot stays. Without that
 //!    move it is beyond improvement on every job and price searched, and at the five price
 //!    pairs searched from a tenth to 46% of on-demand every policy that is never dearer than
-//!    UP costs no less than it on every trace. Only with spot at nine tenths of on-demand are there other
-//!    gains without risk (1 job of 106; 17 of 240).
+//!    UP costs no less than it on every trace. Only with spot at nine tenths of on-demand are
+//!    there other gains without risk (1 job of 106; 17 of 240).
 //! 3. The best ratio to the optimum that any online policy can guarantee is the ratio of the
 //!    prices, O/S: an adversary can show spot only once the policy is on on-demand, and the
 //!    optimum then runs the whole job on that spot.
@@ -51,6 +51,14 @@ fn shape(work: u32, deadline: u32, restart: u32, spot: u64, on_demand: u64) -> M
         restart,
         spot_price: vec![spot; d],
         on_demand_price: on_demand,
+    }
+}
+
+/// Writes the availability of ticks `0..deadline` from `bits` (bit `i`: tick `i`).
+fn write_trace(model: &mut Model, bits: u32) {
+    let d = model.deadline as usize;
+    for (i, slot) in model.available.iter_mut().take(d).enumerate() {
+        *slot = bits >> i & 1 == 1;
     }
 }
 
@@ -299,9 +307,7 @@ impl Guarantee {
         let mut least_optimum = vec![u64::MAX; 2 << d];
         let mut m = model.clone();
         for bits in 0..1u32 << d {
-            for (i, slot) in m.available.iter_mut().take(d as usize).enumerate() {
-                *slot = bits >> i & 1 == 1;
-            }
+            write_trace(&mut m, bits);
             let plan = optimal::solve(&m).expect("feasible");
             least_optimum[(1 << d | bits) as usize] = plan.cost;
         }
@@ -481,7 +487,7 @@ fn at_cloud_prices_the_only_riskless_gain_over_uniform_progress_is_its_wasted_sw
 }
 
 #[test]
-#[ignore = "the wider search of docs/benchmarks.md: about 2 minutes in a release build"]
+#[ignore = "the wider search of docs/benchmarks.md: about 70 s in a release build"]
 fn the_improvements_on_uniform_progress_that_risk_nothing_wider() {
     // Spot from a tenth to nine tenths of on-demand; 240 jobs per price pair.
     let prices = [
@@ -520,9 +526,7 @@ fn up_without_its_wasted_switch_is_never_dearer_than_up_and_sometimes_cheaper() 
         for (s, o) in PRICES {
             let mut m = shape(w, d, r, s, o);
             for bits in 0..1u32 << d {
-                for (i, slot) in m.available.iter_mut().take(d as usize).enumerate() {
-                    *slot = bits >> i & 1 == 1;
-                }
+                write_trace(&mut m, bits);
                 let up = simulate(&m, &mut UniformProgress::default());
                 let thrifty = simulate(&m, &mut UpWithoutWastedSwitch::default());
                 assert!(thrifty.deadline_met);

@@ -33,7 +33,7 @@ impl Policy for OnDemand {
 
 /// The paper's greedy policy (§3.4): spot whenever available, wait otherwise, until the
 /// Safety Net Rule moves the job to on-demand for good.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Greedy {
     committed: bool,
 }
