@@ -179,6 +179,25 @@ pub struct ServerConfig {
     /// Requests taking longer are answered 503.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// Connections served at once; more wait to be accepted.
+    pub max_connections: usize,
+    /// A connection that has not sent a whole request head this long after it began waiting
+    /// for one (an idle keep-alive connection too) is closed.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line and headers) accepted, in bytes; larger ones get 431.
+    pub max_header_bytes: usize,
+}
+
+impl ServerConfig {
+    /// What the listener is given.
+    pub fn listener_limits(&self) -> crate::listener::ListenerLimits {
+        crate::listener::ListenerLimits {
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
+            max_header_bytes: self.max_header_bytes,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -233,6 +252,10 @@ pub struct CapacityConfig {
     /// it as `node_boot_script`); it follows the node's bootstrap token in its user data.
     #[serde(default)]
     pub node_boot_script: Option<PathBuf>,
+    /// The most nodes the fleet may hold at once (booting and ready), every team together.
+    pub max_nodes: u32,
+    /// The most the fleet may cost per hour, every team together, in US dollars.
+    pub max_hourly_usd: f64,
 }
 
 impl CapacityConfig {
@@ -253,6 +276,8 @@ impl CapacityConfig {
         s.planner.boot_timeout = d(self.boot_timeout);
         s.consolidation.enabled = self.consolidation;
         s.consolidation.after = d(self.consolidate_after);
+        s.planner.max_nodes = Some(self.max_nodes);
+        s.planner.max_hourly = spotplane_core::Micros::from_usd_f64(self.max_hourly_usd).ok();
         s
     }
 }
@@ -388,7 +413,8 @@ impl Config {
                     .filter(|k| k.as_str().contains("__"))
                     .split("__"),
             );
-        let config: Config = fig.extract().map_err(|e| ConfigError::Parse(Box::new(e)))?;
+        let mut config: Config = fig.extract().map_err(|e| ConfigError::Parse(Box::new(e)))?;
+        config.resolve_relative_paths();
         config
             .validate()
             .into_result()
@@ -396,11 +422,29 @@ impl Config {
         Ok(config)
     }
 
-    /// The embedded default, as is.
+    /// Makes a relative `file://` object store URL (the default `file://data/objects`)
+    /// absolute against the current directory, as the SQLite path already is read: checkpoint
+    /// URIs under it go to agents, which accept only absolute local paths, and must not change
+    /// meaning with an agent's working directory.
+    pub fn resolve_relative_paths(&mut self) {
+        if let Some(rest) = self.object_store.url.strip_prefix("file://")
+            && !rest.is_empty()
+            && !rest.starts_with('/')
+            && let Ok(cwd) = std::env::current_dir()
+        {
+            let path = cwd.join(rest.trim_start_matches("./"));
+            self.object_store.url = format!("file://{}", path.display());
+        }
+    }
+
+    /// The embedded default, with its relative object store folder made absolute (as
+    /// [`Config::load`] does).
     pub fn embedded_default() -> Result<Config, ConfigError> {
-        Figment::from(Toml::string(DEFAULT_TOML))
+        let mut c: Config = Figment::from(Toml::string(DEFAULT_TOML))
             .extract()
-            .map_err(|e| ConfigError::Parse(Box::new(e)))
+            .map_err(|e| ConfigError::Parse(Box::new(e)))?;
+        c.resolve_relative_paths();
+        Ok(c)
     }
 
     /// Every problem, each with its path.
@@ -413,6 +457,18 @@ impl Config {
                     "{:?} is not an address such as 127.0.0.1:8080",
                     self.server.listen
                 ),
+            );
+        }
+        if !(1..=65_536).contains(&self.server.max_connections) {
+            errs.push("server.max_connections", "must be between 1 and 65536");
+        }
+        if self.server.header_read_timeout < Duration::from_millis(100) {
+            errs.push("server.header_read_timeout", "must be at least 100ms");
+        }
+        if !(8192..=1024 * 1024).contains(&self.server.max_header_bytes) {
+            errs.push(
+                "server.max_header_bytes",
+                "must be between 8192 and 1048576",
             );
         }
         if !(1024..=64 * 1024 * 1024).contains(&self.server.max_body_bytes) {
@@ -462,6 +518,17 @@ impl Config {
                 format!("cannot read {}: {e}", p.display()),
             );
         }
+        if self.capacity.max_nodes == 0 {
+            errs.push("capacity.max_nodes", "must be at least 1");
+        }
+        if !(self.capacity.max_hourly_usd.is_finite() && self.capacity.max_hourly_usd >= 0.01)
+            || spotplane_core::Micros::from_usd_f64(self.capacity.max_hourly_usd).is_err()
+        {
+            errs.push(
+                "capacity.max_hourly_usd",
+                "must be a dollar amount of at least 0.01",
+            );
+        }
         if self.capacity.interval < Duration::from_secs(1) {
             errs.push("capacity.interval", "must be at least 1s");
         }
@@ -503,6 +570,10 @@ impl Config {
             errs.push("scheduler.candidates", "must be between 1 and 10000");
         }
         match self.object_store.url.split_once("://") {
+            Some(("file", rest)) if !rest.starts_with('/') => errs.push(
+                "object_store.url",
+                "a file:// URL must name an absolute path, e.g. file:///var/lib/spotplane/objects",
+            ),
             Some(("file" | "s3" | "gs" | "az" | "azure" | "abfs", rest)) if !rest.is_empty() => {}
             Some(("http", _)) if self.dev.insecure => {}
             Some(("http", _)) => errs.push(
@@ -629,6 +700,47 @@ mod tests {
             c.database.kind(),
             Ok(DatabaseKind::Sqlite(PathBuf::from("data/spotplane.sqlite")))
         );
+    }
+
+    // Issue 29 D: `file://data/objects` gave agents `file://data/objects/jobs/<id>`, which they
+    // refuse as not a local path.
+    #[test]
+    fn a_relative_object_store_folder_is_made_absolute_and_an_unresolved_one_is_refused() {
+        // (figment's jail runs in a folder of its own: the URLs are absolute, under it.)
+        let c = load_with(&[], None).expect("the default loads");
+        let url = &c.object_store.url;
+        assert!(
+            url.starts_with("file:///") && url.ends_with("/data/objects"),
+            "{url}"
+        );
+        let c =
+            load_with(&[("SPOTPLANE_OBJECT_STORE__URL", "file://./ckpt")], None).expect("loads");
+        let url = &c.object_store.url;
+        assert!(
+            url.starts_with("file:///") && url.ends_with("/ckpt") && !url.contains("/./"),
+            "{url}"
+        );
+
+        let mut c = Config::embedded_default().expect("parses");
+        c.object_store.url = "file://data/objects".into();
+        let fields: Vec<_> = c.validate().iter().map(|e| e.field.clone()).collect();
+        assert_eq!(fields, ["object_store.url"]);
+    }
+
+    #[test]
+    fn the_fleet_caps_are_set_by_default_and_checked() {
+        let c = Config::embedded_default().expect("parses");
+        let s = c.capacity.settings();
+        assert_eq!(s.planner.max_nodes, Some(50));
+        assert_eq!(
+            s.planner.max_hourly,
+            Some(spotplane_core::Micros(500_000_000))
+        );
+        let mut c = c;
+        c.capacity.max_nodes = 0;
+        c.capacity.max_hourly_usd = f64::NAN;
+        let fields: Vec<_> = c.validate().iter().map(|e| e.field.clone()).collect();
+        assert_eq!(fields, ["capacity.max_nodes", "capacity.max_hourly_usd"]);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod config;
 pub mod deadline;
 pub mod demo;
 pub mod finance;
+pub mod listener;
 pub mod metrics;
 pub mod model;
 pub mod offers;

@@ -102,12 +102,12 @@ impl Server {
         if !providers.sims.is_empty() {
             app = app.merge(simfront::router(providers.sims.clone()));
         }
-        let shutdown = cancel.clone();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await
-        });
+        let task = tokio::spawn(crate::listener::serve(
+            listener,
+            app,
+            config.server.listener_limits(),
+            cancel.clone(),
+        ));
         if config.webhooks.enabled {
             let delivery = WebhookLoop::new(
                 store.clone(),

@@ -25,6 +25,9 @@ use spotplane_providers::{CloudProvider, ProvisionRequest, tags};
 on_both_databases!(
     unmet_demand_is_bought_for_booted_and_placed_then_released_when_idle,
     orphans_are_swept_and_taken_nodes_are_recorded,
+    nothing_is_bought_for_a_job_its_quota_can_never_admit,
+    a_gang_past_its_team_budget_or_the_fleet_cap_buys_nothing,
+    a_gang_that_cannot_be_bought_whole_is_given_back_and_set_aside,
 );
 
 async fn store(db: &TestDb) -> Store {
@@ -36,8 +39,13 @@ async fn store(db: &TestDb) -> Store {
 }
 
 async fn sims(clock: &ManualClock) -> Arc<Providers> {
+    sims_with(clock, |_| {}).await
+}
+
+async fn sims_with(clock: &ManualClock, tune: impl FnOnce(&mut SimConfig)) -> Arc<Providers> {
     let mut cfg = SimConfig::new(Cloud::Gcp, 7);
     cfg.regions = vec!["us-central1".into()];
+    tune(&mut cfg);
     let ctx = BuildContext {
         clock: Arc::new(clock.clone()),
         sim_data_dir: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
@@ -76,7 +84,16 @@ async fn submit(store: &Store, team_id: &str, clock: &ManualClock) -> JobId {
         gpus: 1,
         models: vec![GpuModel::L4],
     };
-    let spec = JobSpec::new("fine-tune", shape, vec!["train".into()]);
+    submit_spec(
+        store,
+        team_id,
+        clock,
+        JobSpec::new("fine-tune", shape, vec!["train".into()]),
+    )
+    .await
+}
+
+async fn submit_spec(store: &Store, team_id: &str, clock: &ManualClock, spec: JobSpec) -> JobId {
     let id = JobId(uuid::Uuid::now_v7());
     let new = NewJob {
         id,
@@ -254,4 +271,211 @@ async fn orphans_are_swept_and_taken_nodes_are_recorded(backend: Backend) {
         after.state_reason.as_deref(),
         Some("the cloud took the instance")
     );
+}
+
+/// Every node ever bought, whatever its state now.
+async fn all_nodes(store: &Store) -> Vec<spotplane::model::Node> {
+    store
+        .list_nodes(&[
+            NodeState::Requested,
+            NodeState::Booting,
+            NodeState::Ready,
+            NodeState::Draining,
+            NodeState::Terminating,
+            NodeState::Terminated,
+        ])
+        .await
+        .expect("nodes")
+}
+
+/// Scheduling cycles and capacity rounds, a minute of the clock apart; what was bought.
+async fn rounds(
+    sched: &mut SchedulerLoop,
+    cap: &mut CapacityLoop,
+    clock: &ManualClock,
+    n: usize,
+) -> usize {
+    let mut bought = 0;
+    for _ in 0..n {
+        sched.run_once().await.expect("cycle");
+        bought += cap.run_once().await.expect("round").bought;
+        clock.advance(Duration::minutes(1));
+    }
+    bought
+}
+
+async fn reason(store: &Store, job: JobId) -> Option<String> {
+    store.get_job(job, None).await.expect("job").state_reason
+}
+
+// Issue 29 no. 1: a team whose only quota is H100s asked for L4s; T4 and L4 nodes were bought
+// and given back forever.
+async fn nothing_is_bought_for_a_job_its_quota_can_never_admit(backend: Backend) {
+    use spotplane_core::team::{Quota, QuotaResource};
+    let db = TestDb::new(backend);
+    let store = store(&db).await;
+    let clock = clock();
+    let providers = sims(&clock).await;
+    let quotas = BTreeMap::from([(
+        QuotaResource::Gpu(GpuModel::H100_80GB),
+        Quota {
+            nominal: 8,
+            borrowing_limit: None,
+            lending_limit: None,
+        },
+    )]);
+    let team_id = store
+        .create_team(
+            NewTeam {
+                name: "research".parse().expect("name"),
+                weight: 1.0,
+                cohort: None,
+                quotas,
+            },
+            spotplane_providers::clock::Clock::now(&clock),
+        )
+        .await
+        .expect("team")
+        .id;
+    let l4 = submit(&store, &team_id, &clock).await;
+    let (mut sched, mut cap) = loops(&store, &providers, &clock);
+    let bought = rounds(&mut sched, &mut cap, &clock, 10).await;
+    assert_eq!(bought, 0);
+    assert!(all_nodes(&store).await.is_empty());
+    assert_eq!(
+        reason(&store, l4).await.as_deref(),
+        Some("waiting for quota")
+    );
+
+    // A job that may run on any model is bought H100s only.
+    let any = GpuShape::Whole {
+        gpus: 1,
+        models: vec![],
+    };
+    submit_spec(
+        &store,
+        &team_id,
+        &clock,
+        JobSpec::new("any", any, vec!["train".into()]),
+    )
+    .await;
+    let bought = rounds(&mut sched, &mut cap, &clock, 3).await;
+    assert!(bought >= 1);
+    for n in all_nodes(&store).await {
+        assert!(
+            !n.gpus.is_empty() && n.gpus.iter().all(|g| g.model == GpuModel::H100_80GB),
+            "{} has {:?}",
+            n.instance_type,
+            n.gpus
+        );
+    }
+    assert_eq!(
+        reason(&store, l4).await.as_deref(),
+        Some("waiting for quota")
+    );
+}
+
+// Issue 29 B: a $100/month team's gang of 1024 big nodes bought 144 of them in 30 s.
+async fn a_gang_past_its_team_budget_or_the_fleet_cap_buys_nothing(backend: Backend) {
+    let db = TestDb::new(backend);
+    let store = store(&db).await;
+    let clock = clock();
+    let providers = sims(&clock).await;
+    let team_id = team(&store, &clock).await;
+    store
+        .set_team_budget(
+            &team_id,
+            Some(spotplane_core::Micros::parse_usd("100").expect("usd")),
+            spotplane_providers::clock::Clock::now(&clock),
+        )
+        .await
+        .expect("budget");
+    let gang = |replicas: u32| {
+        let mut spec = JobSpec::new(
+            "pretrain",
+            GpuShape::Whole {
+                gpus: 8,
+                models: vec![],
+            },
+            vec!["train".into()],
+        );
+        spec.replicas = replicas;
+        spec
+    };
+    let big = submit_spec(&store, &team_id, &clock, gang(1024)).await;
+    let (mut sched, mut cap) = loops(&store, &providers, &clock);
+    assert_eq!(rounds(&mut sched, &mut cap, &clock, 3).await, 0);
+    assert!(all_nodes(&store).await.is_empty());
+
+    // Without a budget, the fleet's cap: the embedded default's is kept.
+    store
+        .set_team_budget(
+            &team_id,
+            None,
+            spotplane_providers::clock::Clock::now(&clock),
+        )
+        .await
+        .expect("no budget");
+    let defaults = spotplane::config::Config::embedded_default()
+        .expect("config")
+        .capacity
+        .settings();
+    let shared: spotplane::clock::SharedClock = Arc::new(clock.clone());
+    let mut capped = CapacityLoop::new(
+        store.clone(),
+        Arc::clone(&providers),
+        shared,
+        CapacitySettings {
+            cluster: "test".into(),
+            ..defaults
+        },
+    );
+    assert_eq!(rounds(&mut sched, &mut capped, &clock, 3).await, 0);
+    assert!(all_nodes(&store).await.is_empty());
+    store
+        .transition_job(
+            big,
+            None,
+            None,
+            JobState::Cancelled,
+            None,
+            spotplane_providers::clock::Clock::now(&clock),
+        )
+        .await
+        .expect("cancelled");
+    // A gang within both is bought whole.
+    submit_spec(&store, &team_id, &clock, gang(2)).await;
+    assert_eq!(rounds(&mut sched, &mut capped, &clock, 1).await, 2);
+}
+
+async fn a_gang_that_cannot_be_bought_whole_is_given_back_and_set_aside(backend: Backend) {
+    let db = TestDb::new(backend);
+    let store = store(&db).await;
+    let clock = clock();
+    // One instance per pool: fewer nodes of any L4 machine than the gang needs.
+    let providers = sims_with(&clock, |c| c.pool_capacity = 1).await;
+    let team_id = team(&store, &clock).await;
+    let mut spec = JobSpec::new(
+        "gang",
+        GpuShape::Whole {
+            gpus: 1,
+            models: vec![GpuModel::L4],
+        },
+        vec!["train".into()],
+    );
+    spec.replicas = 64;
+    submit_spec(&store, &team_id, &clock, spec).await;
+    let (mut sched, mut cap) = loops(&store, &providers, &clock);
+    sched.run_once().await.expect("cycle");
+    let c = cap.run_once().await.expect("round");
+    assert!(
+        c.bought > 0,
+        "some were bought before the pools ran out: {c:?}"
+    );
+    assert_eq!(c.released, c.bought, "and all given back: {c:?}");
+    assert!(live_nodes(&store).await.is_empty());
+    // Set aside: the next rounds buy nothing for it.
+    let before = all_nodes(&store).await.len();
+    assert_eq!(rounds(&mut sched, &mut cap, &clock, 5).await, 0);
+    assert_eq!(all_nodes(&store).await.len(), before);
 }

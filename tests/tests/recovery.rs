@@ -86,8 +86,9 @@ cluster = "e2e-{port}"
 [recovery]
 heartbeat_timeout = "5m"
 
+# Relative, as in the embedded default: it is read against serve's working directory ({dir}).
 [object_store]
-url = "file://{objects}"
+url = "file://objects"
 
 [[providers]]
 kind = "sim"
@@ -106,7 +107,7 @@ seed = 12
 boot_seconds = [20, 40]
 "#,
         data = data.display(),
-        objects = dir.join("objects").display(),
+        dir = dir.display(),
     )
 }
 
@@ -376,18 +377,17 @@ impl Cluster {
         interval_s: u32,
         elastic: bool,
     ) -> String {
+        let mut body = job_body(name, replicas, steps, interval_s, elastic);
+        body["checkpoint"]["uri"] = json!(format!(
+            "file://{}/objects/{name}",
+            self.dir.path().display()
+        ));
+        self.submit_body(body).await
+    }
+
+    async fn submit_body(&self, body: Value) -> String {
         let (s, v) = self
-            .call(
-                reqwest::Method::POST,
-                "/v1/jobs",
-                Some(json!({
-                    "name": name, "team": "ml", "replicas": replicas, "elastic": elastic,
-                    "shape": {"gpus": 1},
-                    "command": [bin("spotplane-example-train")],
-                    "env": {"TRAIN_STEPS": steps.to_string(), "TRAIN_STEP_MS": "50", "TRAIN_WEIGHTS_BYTES": "65536"},
-                    "checkpoint": {"uri": format!("file://{}/objects/{name}", self.dir.path().display()), "interval_s": interval_s},
-                })),
-            )
+            .call(reqwest::Method::POST, "/v1/jobs", Some(body))
             .await;
         assert_eq!(s, 201, "{v}");
         v["id"].as_str().expect("id").to_owned()
@@ -474,6 +474,18 @@ fn step_of(line: &str, prefix: &str) -> Option<u64> {
         .rev()
         .filter_map(|l| l.strip_prefix(prefix))
         .find_map(|r| r.split_whitespace().next()?.parse().ok())
+}
+
+/// The example workload as a job: `steps` steps of 50 ms, a checkpoint every `interval_s`
+/// simulated seconds, to the default object store's folder for the job.
+fn job_body(name: &str, replicas: u32, steps: u32, interval_s: u32, elastic: bool) -> Value {
+    json!({
+        "name": name, "team": "ml", "replicas": replicas, "elastic": elastic,
+        "shape": {"gpus": 1},
+        "command": [bin("spotplane-example-train")],
+        "env": {"TRAIN_STEPS": steps.to_string(), "TRAIN_STEP_MS": "50", "TRAIN_WEIGHTS_BYTES": "65536"},
+        "checkpoint": {"interval_s": interval_s},
+    })
 }
 
 async fn setup(db: Db) -> Cluster {
@@ -570,6 +582,26 @@ async fn a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint(db: Db)
     assert!(resumed > 0);
     assert_eq!(step_of(last, "done step="), Some(500), "{last}");
     c.stop().await;
+}
+
+// Issue 29 D: with the default relative `file://data/objects`, a job without a checkpoint URI
+// was given `file://data/objects/jobs/<id>`, which the agent refused; it never ran.
+async fn a_job_without_a_checkpoint_uri_checkpoints_under_the_relative_default_store(db: Db) {
+    let c = setup(db).await;
+    let job = c
+        .submit_body(job_body("default-store", 1, 120, 1, false))
+        .await;
+    let j = succeeded(&c, &job).await;
+    assert_eq!(j["attempt"].as_u64(), Some(1), "{j}");
+    let folder = c.dir.path().join("objects").join("jobs").join(&job);
+    let saved = std::fs::read_dir(&folder)
+        .map(|d| d.count())
+        .unwrap_or_default();
+    assert!(
+        saved > 0,
+        "a checkpoint was saved under {}",
+        folder.display()
+    );
 }
 
 async fn a_node_lost_without_notice_resumes_from_the_periodic_checkpoint(db: Db) {
@@ -741,6 +773,7 @@ macro_rules! on_both_databases {
 
 on_both_databases!(
     a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint,
+    a_job_without_a_checkpoint_uri_checkpoints_under_the_relative_default_store,
     a_node_lost_without_notice_resumes_from_the_periodic_checkpoint,
     the_control_plane_killed_during_a_drain_still_finishes_the_job,
     a_four_replica_gang_losing_one_node_restarts_whole_from_one_round,

@@ -18,6 +18,14 @@ use utoipa::ToSchema;
 
 use ledger::LineKind;
 
+/// The first instant of `now`'s calendar month in UTC: where a monthly budget starts.
+pub fn month_start(now: DateTime<Utc>) -> DateTime<Utc> {
+    use chrono::{Datelike as _, TimeZone as _};
+    Utc.with_ymd_and_hms(now.year(), now.month(), 1, 0, 0, 0)
+        .single()
+        .unwrap_or(now)
+}
+
 /// A stored ledger line with what is known of its node and team, as exports and summaries
 /// read it.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]

@@ -62,7 +62,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, Utc};
 use spotplane_core::shape::{GpuShape, ResourceShape};
-use spotplane_core::{Cloud, JobId, Market, Micros, NodeId, TeamName};
+use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, NodeId, TeamName};
 use spotplane_providers::Offer;
 
 pub use consolidate::{
@@ -101,6 +101,10 @@ pub struct PlannerSettings {
     pub idle_grace: Duration,
     /// A node not ready after this long is released and its offer reported.
     pub boot_timeout: Duration,
+    /// The most nodes the whole fleet may have (booting and ready); `None`: no cap.
+    pub max_nodes: Option<u32>,
+    /// The most the whole fleet may cost per hour; `None`: no cap.
+    pub max_hourly: Option<Micros>,
 }
 
 impl Default for PlannerSettings {
@@ -113,6 +117,8 @@ impl Default for PlannerSettings {
             spread_tolerance: 0.05,
             idle_grace: Duration::minutes(5),
             boot_timeout: Duration::minutes(15),
+            max_nodes: None,
+            max_hourly: None,
         }
     }
 }
@@ -139,6 +145,9 @@ pub struct Demand {
     pub checkpoint_hours: Option<f64>,
     /// Its restart cost in hours (boot + restore), when known.
     pub restart_hours: Option<f64>,
+    /// The GPU models its team's quota lets the whole gang use
+    /// ([`crate::scheduler::quota_models_of_queued`]); `None`: any model.
+    pub models: Option<Vec<GpuModel>>,
 }
 
 /// A node of the fleet as the planner sees it.
@@ -238,6 +247,8 @@ pub enum Unserved {
     OverMaxPrice,
     /// The team's hourly or monthly budget is spent.
     OverBudget,
+    /// The whole gang would take the fleet past its node or hourly cap.
+    OverFleetCap,
     /// Capacity already bought and booting will take it.
     Booting,
 }
@@ -290,6 +301,10 @@ impl Demand {
         (self.clouds.is_empty() || self.clouds.contains(&offer.cloud))
             && (self.regions.is_empty() || self.regions.iter().any(|r| *r == *offer.region))
             && (self.spot || offer.market == Market::OnDemand)
+            && self
+                .models
+                .as_ref()
+                .is_none_or(|ms| offer.gpu_model.is_some_and(|m| ms.contains(&m)))
     }
 
     fn rework_hours(&self, s: &PlannerSettings) -> f64 {
@@ -359,6 +374,13 @@ pub fn plan(now: DateTime<Utc>, input: &PlanInput, settings: &PlannerSettings) -
     // Per team: price per hour of its fleet (bought in this round included) and nodes per pool.
     let mut team_hourly: BTreeMap<TeamName, i64> = BTreeMap::new();
     let mut team_pools: BTreeMap<(TeamName, String), u32> = BTreeMap::new();
+    // The whole fleet, for its caps: nodes and price per hour (bought in this round included).
+    let staying = input
+        .fleet
+        .iter()
+        .filter(|n| n.phase != FleetPhase::Leaving);
+    let mut fleet_nodes: u64 = staying.clone().count() as u64;
+    let mut fleet_hourly: i64 = staying.map(|n| n.price.0).sum();
     for n in &input.fleet {
         if let (Some(t), false) = (&n.team, n.phase == FleetPhase::Leaving) {
             *team_hourly.entry(t.clone()).or_default() += n.price.0;
@@ -391,14 +413,33 @@ pub fn plan(now: DateTime<Utc>, input: &PlanInput, settings: &PlannerSettings) -
                 let add = best.price.0.saturating_mul(i64::from(count));
                 let budget = input.budgets.get(&d.team).copied().unwrap_or_default();
                 let hourly_now = team_hourly.get(&d.team).copied().unwrap_or(0);
-                let over_hourly = budget.hourly.is_some_and(|b| hourly_now + add > b.0);
-                let over_monthly = budget
-                    .monthly
-                    .is_some_and(|b| budget.month_to_date.0 + hourly_now + add > b.0);
+                let over_hourly = budget
+                    .hourly
+                    .is_some_and(|b| hourly_now.saturating_add(add) > b.0);
+                let over_monthly = budget.monthly.is_some_and(|b| {
+                    budget
+                        .month_to_date
+                        .0
+                        .saturating_add(hourly_now)
+                        .saturating_add(add)
+                        > b.0
+                });
                 if over_hourly || over_monthly {
                     out.unserved.push((d.job, Unserved::OverBudget));
                     continue;
                 }
+                let over_nodes = settings
+                    .max_nodes
+                    .is_some_and(|m| fleet_nodes + u64::from(count) > u64::from(m));
+                let over_fleet_hourly = settings
+                    .max_hourly
+                    .is_some_and(|m| fleet_hourly.saturating_add(add) > m.0);
+                if over_nodes || over_fleet_hourly {
+                    out.unserved.push((d.job, Unserved::OverFleetCap));
+                    continue;
+                }
+                fleet_nodes += u64::from(count);
+                fleet_hourly = fleet_hourly.saturating_add(add);
                 *team_hourly.entry(d.team.clone()).or_default() += add;
                 *team_pools.entry((d.team.clone(), best.id())).or_default() += count;
                 out.buys.push(Buy {

@@ -59,6 +59,7 @@ fn demand(n: u128, replicas: u32, gpus: u32) -> Demand {
         remaining_hours: None,
         checkpoint_hours: Some(0.5),
         restart_hours: None,
+        models: None,
     }
 }
 
@@ -261,6 +262,102 @@ fn max_price_and_budgets_hold() {
 }
 
 #[test]
+fn a_gang_past_the_team_budget_buys_nothing_at_all() {
+    // Issue 29 B: a $100/month team asked for 1024 nodes of 8 GPUs; nothing may be bought,
+    // not even the part that fits.
+    let s = PlannerSettings::default();
+    let mut inp = input(market_of(), vec![demand(1, 1024, 8)]);
+    inp.budgets.insert(
+        team("research"),
+        Budget {
+            monthly: Some(usd("100")),
+            ..Budget::default()
+        },
+    );
+    let p = plan(now(), &inp, &s);
+    assert!(p.buys.is_empty(), "{p:?}");
+    assert_eq!(p.unserved, [(job(1), Unserved::OverBudget)]);
+}
+
+#[test]
+fn the_fleet_caps_hold_for_whole_gangs() {
+    let mut s = PlannerSettings {
+        max_nodes: Some(3),
+        ..PlannerSettings::default()
+    };
+    // Two single-node jobs and a gang of two: the gang would make four nodes.
+    let inp = input(
+        market_of(),
+        vec![demand(1, 1, 8), demand(2, 1, 8), demand(3, 2, 8)],
+    );
+    let p = plan(now(), &inp, &s);
+    assert_eq!(p.buys.iter().map(|b| b.count).sum::<u32>(), 2, "{p:?}");
+    assert_eq!(p.unserved, [(job(3), Unserved::OverFleetCap)]);
+
+    // Nodes already in the fleet count, leaving ones do not.
+    let mut inp = input(market_of(), vec![demand(1, 1, 8)]);
+    for (i, phase) in [FleetPhase::Ready, FleetPhase::Ready, FleetPhase::Ready]
+        .into_iter()
+        .enumerate()
+    {
+        inp.fleet.push(FleetNode {
+            id: NodeId::from_uuid(uuid::Uuid::from_u128(100 + i as u128)),
+            offer_id: market_of()[0].id(),
+            cloud: Cloud::Aws,
+            zone: "use1-az1".into(),
+            market: Market::Spot,
+            price: usd("12"),
+            team: Some(team("other")),
+            phase,
+            free_gpus: 0,
+            gpu_count: 8,
+            idle_since: None,
+        });
+    }
+    let p = plan(now(), &inp, &s);
+    assert_eq!(p.unserved, [(job(1), Unserved::OverFleetCap)]);
+    inp.fleet[0].phase = FleetPhase::Leaving;
+    let p = plan(now(), &inp, &s);
+    assert_eq!(p.buys.len(), 1, "{p:?}");
+
+    // The hourly cap: $36 of fleet plus a $12 node passes $40.
+    s.max_nodes = None;
+    s.max_hourly = Some(usd("40"));
+    inp.fleet[0].phase = FleetPhase::Ready;
+    let p = plan(now(), &inp, &s);
+    assert_eq!(p.unserved, [(job(1), Unserved::OverFleetCap)]);
+    s.max_hourly = Some(usd("48"));
+    let p = plan(now(), &inp, &s);
+    assert_eq!(p.buys.len(), 1, "{p:?}");
+}
+
+#[test]
+fn only_models_the_quota_allows_are_bought() {
+    // Issue 29 no. 1: a team whose quota is H100 only must not be sold the cheap T4.
+    let mut t4 = offer("use1-az2", "g4dn.xlarge", Market::Spot, "0.20", 1);
+    t4.gpu_model = Some(GpuModel::T4);
+    let mut h100 = offer("use1-az1", "p5.4xlarge", Market::Spot, "3.00", 1);
+    h100.gpu_model = Some(GpuModel::H100_80GB);
+    let offers = vec![t4.clone(), h100.clone()];
+    let s = PlannerSettings::default();
+
+    let p = plan(now(), &input(offers.clone(), vec![demand(1, 1, 1)]), &s);
+    assert_eq!(p.buys[0].offer.id(), t4.id(), "without quota, the cheapest");
+
+    let mut d = demand(1, 1, 1);
+    d.models = Some(vec![GpuModel::H100_80GB]);
+    let p = plan(now(), &input(offers.clone(), vec![d.clone()]), &s);
+    assert_eq!(p.buys.len(), 1);
+    assert_eq!(p.buys[0].offer.id(), h100.id());
+    assert!(p.buys[0].fallbacks.iter().all(|o| o.id() != t4.id()));
+
+    d.models = Some(vec![]);
+    let p = plan(now(), &input(offers, vec![d]), &s);
+    assert!(p.buys.is_empty());
+    assert_eq!(p.unserved, [(job(1), Unserved::NoOffer)]);
+}
+
+#[test]
 fn booting_capacity_is_used_before_buying_more() {
     let offers = market_of();
     let mut inp = input(
@@ -419,6 +516,8 @@ proptest! {
         demand in proptest::collection::vec(arb_demand(), 0..8),
         hourly_budget in proptest::option::of(100..50_000i64),
         unavailable in proptest::collection::vec(0..12usize, 0..4),
+        max_nodes in proptest::option::of(0..6u32),
+        max_fleet_hourly in proptest::option::of(100..50_000i64),
     ) {
         // One demand per job.
         let mut demand = demand;
@@ -434,7 +533,11 @@ proptest! {
         if let Some(c) = hourly_budget {
             inp.budgets.insert(team("research"), Budget { hourly: Some(Micros(c * 10_000)), ..Budget::default() });
         }
-        let s = PlannerSettings::default();
+        let s = PlannerSettings {
+            max_nodes,
+            max_hourly: max_fleet_hourly.map(|c| Micros(c * 10_000)),
+            ..PlannerSettings::default()
+        };
         let p = plan(now(), &inp, &s);
         let mut spent = 0i64;
         for b in &p.buys {
@@ -451,6 +554,8 @@ proptest! {
             spent += gang;
         }
         if let Some(c) = hourly_budget { prop_assert!(spent <= c * 10_000); }
+        if let Some(c) = max_fleet_hourly { prop_assert!(spent <= c * 10_000); }
+        if let Some(m) = max_nodes { prop_assert!(p.buys.iter().map(|b| b.count).sum::<u32>() <= m); }
         // Each demand is answered once: bought for, or unserved with a reason.
         prop_assert_eq!(p.buys.len() + p.unserved.len(), demand.len());
         // Deterministic.

@@ -159,8 +159,15 @@ pub struct CapacityLoop {
     /// Spot nodes whose notice has been counted against their pool.
     noticed: std::collections::HashSet<NodeId>,
     last_round: Option<DateTime<Utc>>,
-    budgets: BTreeMap<spotplane_core::TeamName, Budget>,
+    /// Gangs whose nodes could not all be bought: not bought for again until then (and how
+    /// many times in a row it failed).
+    gang_backoff: HashMap<JobId, (DateTime<Utc>, u32)>,
 }
+
+/// How long a gang that could not be bought whole waits before it is tried again, doubled
+/// after each failure up to [`GANG_BACKOFF_MAX`].
+const GANG_BACKOFF: Duration = Duration::minutes(10);
+const GANG_BACKOFF_MAX: Duration = Duration::hours(6);
 
 impl CapacityLoop {
     pub fn new(
@@ -184,13 +191,34 @@ impl CapacityLoop {
             remaining: HashMap::new(),
             noticed: std::collections::HashSet::new(),
             last_round: None,
-            budgets: BTreeMap::new(),
+            gang_backoff: HashMap::new(),
         }
     }
 
-    /// Team budgets the planner must keep (hourly and monthly limits, spend so far).
-    pub fn set_budgets(&mut self, budgets: BTreeMap<spotplane_core::TeamName, Budget>) {
-        self.budgets = budgets;
+    /// Every team's monthly budget with what it has spent this month, for the planner.
+    async fn budgets(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<BTreeMap<spotplane_core::TeamName, Budget>, StoreError> {
+        let budgets = self.store.team_budgets().await?;
+        if budgets.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let spent = self
+            .store
+            .team_spend_since(crate::finance::month_start(now))
+            .await?;
+        Ok(budgets
+            .into_iter()
+            .map(|b| {
+                let budget = Budget {
+                    hourly: None,
+                    monthly: Some(b.monthly),
+                    month_to_date: spent.get(&b.team_id).copied().unwrap_or_default(),
+                };
+                (b.team, budget)
+            })
+            .collect())
     }
 
     /// The pools' observed statistics.
@@ -223,6 +251,11 @@ impl CapacityLoop {
         // An elastic gang's missing replicas (its job is running, so it has no wait reason)
         // are demand too: the scheduler places them on free capacity before any bought arrives.
         let refills: std::collections::HashSet<JobId> = snap.running.iter().map(|r| r.id).collect();
+        // Only models the team's quota lets it use are bought for (a T4 is no use to a team
+        // whose quota is H100s).
+        let mut quota_models = crate::scheduler::quota_models_of_queued(&snap);
+        self.gang_backoff
+            .retain(|job, _| snap.queued.iter().any(|q| q.id == *job));
         let demand: Vec<Demand> = snap
             .queued
             .iter()
@@ -231,6 +264,11 @@ impl CapacityLoop {
                     || reasons
                         .get(&q.id)
                         .is_some_and(|r| r.as_deref() == Some(no_capacity))
+            })
+            .filter(|q| {
+                self.gang_backoff
+                    .get(&q.id)
+                    .is_none_or(|(until, _)| now >= *until)
             })
             .map(|q| {
                 let spec = self.cache.get(q.id);
@@ -250,6 +288,7 @@ impl CapacityLoop {
                         .and_then(|s| s.checkpoint.as_ref())
                         .map(|c| f64::from(c.interval_s) / 3600.0),
                     restart_hours: None,
+                    models: quota_models.remove(&q.id),
                 }
             })
             .collect();
@@ -338,18 +377,24 @@ impl CapacityLoop {
             fleet,
             pools: self.pools.clone(),
             unavailable: self.unavailable.clone(),
-            budgets: self.budgets.clone(),
+            budgets: self.budgets(now).await?,
         };
         let plan = planner::plan(now, &input, &self.settings.planner);
 
         let mut stopped_clouds = Vec::new();
         for buy in &plan.buys {
+            // A gang runs on all its nodes or not at all: nodes of a gang that cannot be
+            // bought whole are given back at once rather than paid for while it waits.
+            let mut bought = Vec::new();
             for _ in 0..buy.count {
                 if stopped_clouds.contains(&buy.offer.cloud) {
                     break;
                 }
                 match self.buy_one(buy, now).await? {
-                    Ok(()) => report.bought += 1,
+                    Ok(node) => {
+                        report.bought += 1;
+                        bought.push(node);
+                    }
                     Err(e) => {
                         *report.refused.entry(e.kind()).or_default() += 1;
                         if matches!(
@@ -364,6 +409,10 @@ impl CapacityLoop {
                         break;
                     }
                 }
+            }
+            if buy.count > 1 && bought.len() < buy.count as usize {
+                self.give_back_partial_gang(buy, &bought, now, &mut report)
+                    .await?;
             }
         }
 
@@ -652,13 +701,52 @@ impl CapacityLoop {
         Ok(())
     }
 
-    /// Buys one node for `buy`, walking its fallbacks on capacity and price errors. The outer
-    /// error is the store's; the inner one the last provider error.
+    /// Gives back the nodes bought for a gang that could not be bought whole, and sets the gang
+    /// aside for a while (longer after each failure in a row).
+    async fn give_back_partial_gang(
+        &mut self,
+        buy: &planner::Buy,
+        bought: &[(NodeId, String, spotplane_core::Cloud)],
+        now: DateTime<Utc>,
+        report: &mut CapacityReport,
+    ) -> Result<(), StoreError> {
+        let failures = self.gang_backoff.get(&buy.job).map_or(0, |(_, n)| *n) + 1;
+        let wait = GANG_BACKOFF
+            .checked_mul(1 << failures.saturating_sub(1).min(10))
+            .unwrap_or(GANG_BACKOFF_MAX)
+            .min(GANG_BACKOFF_MAX);
+        self.gang_backoff.insert(buy.job, (now + wait, failures));
+        tracing::warn!(
+            job = %buy.job,
+            wanted = buy.count,
+            got = bought.len(),
+            retry_in = %wait,
+            "the gang's nodes could not all be bought; giving back those that were"
+        );
+        let reason = format!(
+            "gang of {} nodes could not be bought whole ({} were)",
+            buy.count,
+            bought.len()
+        );
+        for (node, instance, cloud) in bought {
+            if self
+                .release_instance(*node, *cloud, Some(instance), &reason, now)
+                .await?
+            {
+                report.released += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Buys one node for `buy`, walking its fallbacks on capacity and price errors: the node,
+    /// its instance and its cloud. The outer error is the store's; the inner one the last
+    /// provider error.
     async fn buy_one(
         &mut self,
         buy: &planner::Buy,
         now: DateTime<Utc>,
-    ) -> Result<Result<(), ProviderError>, StoreError> {
+    ) -> Result<Result<(NodeId, String, spotplane_core::Cloud), ProviderError>, StoreError> {
         let mut last = ProviderError::InsufficientCapacity {
             offer_id: buy.offer.id(),
             message: "no offer left".into(),
@@ -736,7 +824,7 @@ impl CapacityLoop {
                     self.store
                         .transition_node(node_id, NodeState::Booting, None, now)
                         .await?;
-                    return Ok(Ok(()));
+                    return Ok(Ok((node_id, inst.provider_id, offer.cloud)));
                 }
                 Err(e) => {
                     self.store
@@ -773,15 +861,33 @@ impl CapacityLoop {
         reason: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        let provider = self.providers.all.iter().find(|p| p.cloud() == node.cloud);
-        if let (Some(p), Some(id)) = (provider, &node.provider_instance_id)
+        self.release_instance(
+            node.id,
+            node.cloud,
+            node.provider_instance_id.as_deref(),
+            reason,
+            now,
+        )
+        .await
+    }
+
+    async fn release_instance(
+        &self,
+        node: NodeId,
+        cloud: spotplane_core::Cloud,
+        instance: Option<&str>,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let provider = self.providers.all.iter().find(|p| p.cloud() == cloud);
+        if let (Some(p), Some(id)) = (provider, instance)
             && let Err(e) = p.terminate(id).await
         {
-            tracing::warn!(node = %node.id, error = %e, "terminate failed; trying again next round");
+            tracing::warn!(node = %node, error = %e, "terminate failed; trying again next round");
             return Ok(false);
         }
         self.store
-            .transition_node(node.id, NodeState::Terminated, Some(reason.to_owned()), now)
+            .transition_node(node, NodeState::Terminated, Some(reason.to_owned()), now)
             .await?;
         Ok(true)
     }

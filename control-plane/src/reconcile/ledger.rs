@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Datelike, TimeZone, Utc};
+use chrono::{DateTime, Datelike, Utc};
 use spotplane_core::{Cloud, Micros};
 use spotplane_providers::registry::Providers;
 use spotplane_providers::{CloudProvider, PoolRef};
@@ -164,10 +164,7 @@ impl LedgerLoop {
         // 3. Budgets: this month's spending against each team's monthly budget.
         let budgets = self.store.team_budgets().await?;
         if !budgets.is_empty() {
-            let month_start = Utc
-                .with_ymd_and_hms(now.year(), now.month(), 1, 0, 0, 0)
-                .single()
-                .unwrap_or(now);
+            let month_start = crate::finance::month_start(now);
             let month = format!("{:04}-{:02}", now.year(), now.month());
             let spent = self.store.team_spend_since(month_start).await?;
             for b in budgets {

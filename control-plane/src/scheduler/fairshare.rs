@@ -211,6 +211,11 @@ impl Accounts {
         }
     }
 
+    /// Whether the team has any quota at all.
+    pub fn is_limited(&self, team: usize) -> bool {
+        self.teams.get(team).is_some_and(|t| t.limited)
+    }
+
     /// Whether two teams are in the same cohort.
     pub fn same_cohort(&self, a: usize, b: usize) -> bool {
         let cohort = |t: usize| self.teams.get(t).and_then(|t| t.cohort_id);

@@ -351,6 +351,63 @@ impl<'a> TeamQueues<'a> {
     }
 }
 
+/// The GPU models, of all there are, that `shape` allows and the team's quota (with what it
+/// may borrow) lets a whole gang of `replicas` use now.
+fn quota_models<'s>(
+    accounts: &'s Accounts,
+    team: usize,
+    shape: &'s GpuShape,
+    replicas: u32,
+) -> impl Iterator<Item = GpuModel> + 's {
+    GpuModel::ALL.iter().copied().filter(move |&m| {
+        shape.allows_model(m)
+            && accounts
+                .flavour(team, shape, Some(m))
+                .is_none_or(|(res, amount)| {
+                    accounts.allows(team, res, amount.saturating_mul(u64::from(replicas)))
+                })
+    })
+}
+
+/// For each queued GPU job of a team with quotas, the GPU models its quota lets the whole gang
+/// use now, after what the running jobs hold: the only models the capacity planner may buy
+/// for it. A job not in the map is not limited by quota (its team has none, or it needs no
+/// GPU). Pure, like [`schedule`].
+pub fn quota_models_of_queued(snap: &Snapshot) -> FxHashMap<JobId, Vec<GpuModel>> {
+    let mut accounts = Accounts::new(&snap.teams, FxHashMap::default(), 0);
+    let model_of: FxHashMap<spotplane_core::NodeId, Option<GpuModel>> =
+        snap.nodes.iter().map(|n| (n.id, n.gpu_model)).collect();
+    for job in &snap.running {
+        let team = accounts.team(&job.team);
+        for p in &job.placements {
+            let model = model_of.get(&p.node).copied().flatten();
+            accounts.charge(
+                team,
+                &job.shape.gpu,
+                model,
+                u64::from(job.shape.cpu_milli),
+                1,
+            );
+        }
+    }
+    let mut out = FxHashMap::default();
+    for job in &snap.queued {
+        let shape = &job.shape.gpu;
+        if matches!(shape, GpuShape::Whole { gpus: 0, .. }) {
+            continue;
+        }
+        let team = accounts.team(&job.team);
+        if !accounts.is_limited(team) {
+            continue;
+        }
+        out.insert(
+            job.id,
+            quota_models(&accounts, team, shape, job.replicas).collect(),
+        );
+    }
+    out
+}
+
 /// The cycle proper: the working state (capacity minus what running jobs hold) while the queues
 /// are built, then one job at a time.
 fn run_cycle<'scope, 'a>(
@@ -550,6 +607,18 @@ impl<'a> Cycle<'a> {
             }
         }
         let models = &allowed[..n_allowed];
+        // No node of a model the shape allows is in the fleet: the job waits for capacity
+        // only if its quota would let it use some model a cloud could sell; otherwise no
+        // purchase can help, and it waits for quota.
+        if !cpu_only
+            && class_models.is_empty()
+            && quota_models(&self.accounts, team, shape, like.replicas)
+                .next()
+                .is_none()
+        {
+            self.unmet(id, WaitReason::Quota);
+            return;
+        }
         if !cpu_only && models.is_empty() && !class_models.is_empty() {
             // Over quota: only the team's own lower-priority work can make room.
             // Within a cycle candidate victims only go (to draining) and usage only grows, so a

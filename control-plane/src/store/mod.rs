@@ -116,6 +116,8 @@ pub struct Store {
     metrics: Metrics,
     submits: submit::SubmitQueue,
     tokens: tokens::TokenCache,
+    /// SQLite only: this process's exclusive hold on the database ([`leader::SqliteLock`]).
+    _sqlite_lock: Option<std::sync::Arc<leader::SqliteLock>>,
 }
 
 impl Store {
@@ -129,6 +131,11 @@ impl Store {
                         StoreError::Connect(format!("cannot create {}: {e}", dir.display()))
                     })?;
                 }
+                let lock = if path.as_os_str() == ":memory:" {
+                    None
+                } else {
+                    Some(leader::SqliteLock::take(&path)?)
+                };
                 let opts = SqliteConnectOptions::from_str(&cfg.url)
                     .map_err(|e| StoreError::Connect(format!("{}: {e}", cfg.url)))?
                     .create_if_missing(true)
@@ -148,12 +155,14 @@ impl Store {
                     .connect_with(opts)
                     .await
                     .map_err(|e| StoreError::Connect(format!("{}: {e}", cfg.url)))?;
-                Ok(Store::assemble(
+                let mut store = Store::assemble(
                     SqlxSqliteConnector::from_sqlx_sqlite_pool(write),
                     SqlxSqliteConnector::from_sqlx_sqlite_pool(read),
                     DatabaseBackend::Sqlite,
                     metrics,
-                ))
+                );
+                store._sqlite_lock = lock;
+                Ok(store)
             }
             DatabaseKind::Postgres => {
                 let mut opts = ConnectOptions::new(cfg.url.clone());
@@ -196,6 +205,7 @@ impl Store {
             metrics,
             submits,
             tokens: tokens::TokenCache::default(),
+            _sqlite_lock: None,
         }
     }
 
