@@ -144,6 +144,55 @@ async fn migrate_applies_the_schema_once_on_sqlite_and_postgresql() {
         .output();
 }
 
+// Issue 29 F: two `serve` processes on one SQLite data dir both led every loop.
+#[tokio::test]
+async fn a_second_serve_on_the_same_sqlite_database_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve = |port: u16, n: u32| {
+        let mut cmd = Command::new(bin("spotplane"));
+        cmd.current_dir(dir.path())
+            .env("SPOTPLANE_SERVER__LISTEN", format!("127.0.0.1:{port}"))
+            .env("SPOTPLANE_CAPACITY__CLUSTER", format!("lock-{port}"))
+            .env("SPOTPLANE_SIM__DATA_DIR", repo_root().join("../shared/data"))
+            .env("SPOTPLANE_LOG__LEVEL", "warn")
+            .arg("serve");
+        Proc::spawn(cmd, dir.path().join(format!("serve-{n}.log")))
+    };
+    let port = free_port();
+    let mut first = serve(port, 1);
+    first
+        .wait_healthy(&format!("http://127.0.0.1:{port}/healthz"))
+        .await;
+    let mut second = serve(free_port(), 2);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Ok(Some(s)) = second.child.try_wait() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second serve is still running:\n{}",
+            second.output()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(!status.success());
+    let out = second.output();
+    assert!(
+        out.contains("another spotplane process has the SQLite database")
+            && out.contains("spotplane.sqlite"),
+        "{out}"
+    );
+    // The first one is unharmed, and once it is gone the database can be opened again.
+    assert!(first.terminate(), "{}", first.output());
+    let port = free_port();
+    let mut third = serve(port, 3);
+    third
+        .wait_healthy(&format!("http://127.0.0.1:{port}/healthz"))
+        .await;
+    assert!(third.terminate(), "{}", third.output());
+}
+
 #[tokio::test]
 async fn an_invalid_configuration_is_refused_with_every_problem_named() {
     let out = Command::new(bin("spotplane"))
