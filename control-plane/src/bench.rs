@@ -156,3 +156,212 @@ mod tests {
         assert_eq!(percentile(&[], 50.0), 0.0);
     }
 }
+
+/// What `spotplane bench cycle` measured: the leader's round on a store with a large queue,
+/// stage by stage, each the median of the cycles run.
+#[derive(Debug, Clone, Serialize)]
+pub struct CycleReport {
+    pub database: String,
+    pub queued: usize,
+    pub cycles: usize,
+    /// The first scheduling cycle (it writes every job's wait reason).
+    pub first_cycle_ms: f64,
+    /// Later scheduling cycles, median.
+    pub cycle_ms: f64,
+    /// Later capacity rounds on the simulated clouds, median.
+    pub capacity_ms: f64,
+    /// Per store call during the cycles and rounds, most time first.
+    pub store_calls: Vec<StoreCalls>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StoreCalls {
+    pub op: String,
+    pub calls: u64,
+    pub mean_ms: f64,
+    pub total_ms: f64,
+}
+
+/// The store calls' counts and time from the metrics' exposition.
+fn store_calls(metrics: &crate::metrics::Metrics) -> Vec<StoreCalls> {
+    let text = metrics.render();
+    let mut by_op: std::collections::BTreeMap<String, (u64, f64)> = Default::default();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("spotplane_store_operation_seconds_") else {
+            continue;
+        };
+        let (kind, rest) = rest.split_once('{').unwrap_or(("", ""));
+        let Some(op) = rest
+            .split_once("op=\"")
+            .and_then(|(_, r)| r.split_once('"'))
+            .map(|(op, _)| op.to_owned())
+        else {
+            continue;
+        };
+        let value: f64 = rest
+            .rsplit_once(' ')
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0.0);
+        let e = by_op.entry(op).or_default();
+        match kind {
+            "count" => e.0 += value as u64,
+            "sum" => e.1 += value * 1000.0,
+            _ => {}
+        }
+    }
+    let mut out: Vec<StoreCalls> = by_op
+        .into_iter()
+        .map(|(op, (calls, total_ms))| StoreCalls {
+            op,
+            calls,
+            mean_ms: if calls == 0 {
+                0.0
+            } else {
+                total_ms / calls as f64
+            },
+            total_ms,
+        })
+        .collect();
+    out.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+    out
+}
+
+/// Fills a scratch store (SQLite in `dir`, or `database` when given) with `queued` jobs like
+/// `bench submit`'s, then runs `cycles` scheduling cycles and capacity rounds on the simulated
+/// clouds of `config`, timing each store call and the rounds.
+pub async fn cycle(
+    config: &crate::config::Config,
+    dir: &std::path::Path,
+    database: Option<&str>,
+    queued: usize,
+    cycles: usize,
+) -> anyhow::Result<CycleReport> {
+    use spotplane_core::job::{CheckpointSpec, JobSpec};
+    use spotplane_core::shape::GpuShape;
+    use spotplane_core::{Cloud, JobId, Micros};
+
+    use crate::metrics::Metrics;
+    use crate::reconcile::capacity::CapacityLoop;
+    use crate::reconcile::scheduling::SchedulerLoop;
+    use crate::store::{NewJob, NewTeam, Store};
+
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut db = config.database.clone();
+    match database {
+        Some(url) => db.url = url.to_owned(),
+        None => {
+            let file = dir.join("bench-cycle.sqlite");
+            for suffix in ["", "-wal", "-shm"] {
+                let p = std::path::PathBuf::from(format!("{}{suffix}", file.display()));
+                if p.exists() {
+                    std::fs::remove_file(&p)
+                        .with_context(|| format!("removing {}", p.display()))?;
+                }
+            }
+            db.url = format!("sqlite://{}", file.display());
+            db.schema = None;
+        }
+    }
+    let fill = Metrics::new();
+    let store = Store::connect(&db, fill).await?;
+    store.migrate().await?;
+    let clock: crate::clock::SharedClock = Arc::new(spotplane_providers::clock::SystemClock);
+    let now = clock.now();
+    let team = store
+        .create_team(
+            NewTeam {
+                name: format!("bench-{}", uuid::Uuid::now_v7().simple()).parse()?,
+                weight: 1.0,
+                cohort: None,
+                quotas: Default::default(),
+            },
+            now,
+        )
+        .await?;
+    let shape = GpuShape::Mig {
+        profile: "3g.40gb".parse()?,
+        models: vec![],
+    };
+    let started = Instant::now();
+    for n in 0..queued {
+        let mut spec = JobSpec::new(
+            format!("bench-{n}"),
+            shape.clone(),
+            vec!["python".into(), "train.py".into()],
+        );
+        spec.replicas = 2;
+        spec.clouds = vec![Cloud::Aws, Cloud::Gcp];
+        spec.max_hourly_usd = Some(Micros::parse_usd("12.5")?);
+        spec.checkpoint = Some(CheckpointSpec {
+            uri: "s3://bench-bucket/ckpt".into(),
+            interval_s: 600,
+        });
+        store
+            .submit_job(
+                NewJob {
+                    id: JobId(uuid::Uuid::now_v7()),
+                    team_id: team.id.clone(),
+                    team: team.name.clone(),
+                    spec,
+                    idempotency: None,
+                },
+                clock.now(),
+            )
+            .await?;
+    }
+    tracing::info!(queued, took = ?started.elapsed(), "queue filled");
+    // A store of its own for the measured part, so its metrics count only the cycles.
+    let metrics = Metrics::new();
+    drop(store);
+    let store = Store::connect(&db, metrics.clone()).await?;
+
+    let providers = Arc::new(
+        spotplane_providers::registry::build(
+            &config.providers,
+            &spotplane_providers::registry::BuildContext {
+                clock: clock.clone(),
+                sim_data_dir: config.sim.resolved_data_dir(),
+                catalog_dir: config.catalog.dir.clone(),
+                observer: None,
+            },
+        )
+        .await
+        .context("setting up the simulated clouds")?,
+    );
+    let mut sched = SchedulerLoop::new(store.clone(), clock.clone(), config.scheduler.clone());
+    let mut settings = config.capacity.settings();
+    settings.cluster = "bench-cycle".into();
+    let mut cap = CapacityLoop::new(store.clone(), providers, clock.clone(), settings);
+    let mut first = 0.0;
+    let (mut sched_ms, mut cap_ms) = (Vec::new(), Vec::new());
+    for i in 0..cycles.max(1) {
+        let t = Instant::now();
+        sched.run_once().await?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        if i == 0 {
+            first = ms;
+        } else {
+            sched_ms.push(ms);
+        }
+        let t = Instant::now();
+        cap.run_once().await?;
+        cap_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    Ok(CycleReport {
+        database: if db.url.starts_with("sqlite:") {
+            "sqlite".into()
+        } else {
+            "postgres".into()
+        },
+        queued,
+        cycles: cycles.max(1),
+        first_cycle_ms: first,
+        cycle_ms: median(&mut sched_ms),
+        capacity_ms: median(&mut cap_ms),
+        store_calls: store_calls(&metrics),
+    })
+}

@@ -254,6 +254,29 @@ pub enum BenchCommand {
     /// Replay a week of jobs on the simulated clouds into a fresh ledger, check it against the
     /// clouds' bills, and write the week's files (ledger CSV, FOCUS, summaries, bills).
     Finance(FinanceBenchArgs),
+    /// Fill a scratch store with a large queue, then time the leader's scheduling cycles and
+    /// capacity rounds on the simulated clouds, store call by store call.
+    Cycle(CycleBenchArgs),
+}
+
+/// `spotplane bench cycle`.
+#[derive(Debug, Args)]
+pub struct CycleBenchArgs {
+    /// Folder for the scratch SQLite database (replaced).
+    #[arg(long, default_value = "data/bench-cycle")]
+    pub out: PathBuf,
+    /// A PostgreSQL URL to measure instead of SQLite (its tables must be empty or spotplane's).
+    #[arg(long)]
+    pub database: Option<String>,
+    /// Jobs queued (each like `bench submit`'s: two replicas of a 3g.40gb MIG slice).
+    #[arg(long, default_value_t = 11_000)]
+    pub queued: usize,
+    /// Scheduling cycles (and capacity rounds) to run.
+    #[arg(long, default_value_t = 5)]
+    pub cycles: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `spotplane bench finance`.

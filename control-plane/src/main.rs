@@ -40,7 +40,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // Dropping the runtime would wait for every blocking task (a scheduling cycle on a large
+    // queue, a file upload) however long it takes; `serve` has already drained its requests.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             match e.downcast_ref::<ConfigError>() {
@@ -147,6 +151,33 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     report.max_ms,
                     report.errors
                 );
+            }
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Cycle(args)) => {
+            let config = Config::load(cli.config.as_deref())?;
+            telemetry::init(&config.log);
+            let r = bench::cycle(
+                &config,
+                &args.out,
+                args.database.as_deref(),
+                args.queued,
+                args.cycles,
+            )
+            .await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "{} queued on {}: first cycle {:.0} ms, then {:.0} ms; capacity round {:.0} ms",
+                    r.queued, r.database, r.first_cycle_ms, r.cycle_ms, r.capacity_ms
+                );
+                for c in r.store_calls.iter().take(12) {
+                    println!(
+                        "  {:<28} {:>6} calls  {:>9.1} ms each  {:>9.0} ms in all",
+                        c.op, c.calls, c.mean_ms, c.total_ms
+                    );
+                }
             }
             Ok(())
         }

@@ -22,6 +22,7 @@ on_both_databases!(
     queued_jobs_are_admitted_onto_ready_nodes_with_their_allocations,
     a_higher_priority_job_preempts_and_then_waits_without_preempting_more,
     mig_demand_orders_a_re_layout_once_and_runs_when_it_is_applied,
+    a_cancelled_cycle_writes_nothing_and_the_loop_stops,
 );
 
 async fn store(db: &TestDb) -> Store {
@@ -422,4 +423,34 @@ async fn only_one_replica_leads_on_postgresql() {
     let mut again = again.expect("the second leads once the first lets go");
     assert!(again.still_held().await);
     db.cleanup().await;
+}
+
+// Issue 29 no. 3: `serve` did not stop on SIGTERM while a long cycle ran.
+async fn a_cancelled_cycle_writes_nothing_and_the_loop_stops(backend: Backend) {
+    let db = TestDb::new(backend);
+    let store = store(&db).await;
+    let team_id = team(&store).await;
+    ready_node(&store, 1, 8).await;
+    let whole = GpuShape::Whole {
+        gpus: 1,
+        models: vec![],
+    };
+    let job = submit(&store, &team_id, "a", whole, 1, 0).await;
+    let mut sched = looped(&store);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    cancel.cancel();
+    let r = sched.run_until(&cancel).await.expect("cycle");
+    assert_eq!(r.admitted, 0, "{r:?}");
+    let j = store.get_job(job, None).await.expect("job");
+    assert_eq!(j.state, JobState::Queued);
+    // The loop itself returns at once once cancelled.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        looped(&store).run(cancel),
+    )
+    .await
+    .expect("the loop stops when cancelled");
+    // Not cancelled: the job is placed.
+    let r = sched.run_once().await.expect("cycle");
+    assert_eq!(r.admitted, 1, "{r:?}");
 }

@@ -153,7 +153,10 @@ async fn a_second_serve_on_the_same_sqlite_database_is_refused() {
         cmd.current_dir(dir.path())
             .env("SPOTPLANE_SERVER__LISTEN", format!("127.0.0.1:{port}"))
             .env("SPOTPLANE_CAPACITY__CLUSTER", format!("lock-{port}"))
-            .env("SPOTPLANE_SIM__DATA_DIR", repo_root().join("../shared/data"))
+            .env(
+                "SPOTPLANE_SIM__DATA_DIR",
+                repo_root().join("../shared/data"),
+            )
             .env("SPOTPLANE_LOG__LEVEL", "warn")
             .arg("serve");
         Proc::spawn(cmd, dir.path().join(format!("serve-{n}.log")))

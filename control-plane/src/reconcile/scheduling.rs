@@ -78,6 +78,15 @@ impl SchedulerLoop {
 
     /// One cycle.
     pub async fn run_once(&mut self) -> Result<CycleReport, StoreError> {
+        self.run_until(&CancellationToken::new()).await
+    }
+
+    /// One cycle, given up (nothing written, an empty report) if `cancel` is cancelled before
+    /// its decisions are made; the pure scheduler, on its blocking thread, is told to stop too.
+    pub async fn run_until(
+        &mut self,
+        cancel: &CancellationToken,
+    ) -> Result<CycleReport, StoreError> {
         let mut snap = self.store.scheduler_snapshot(&mut self.cache).await?;
         let reasons = self.store.queued_reasons().await?;
         let now = self.clock.now();
@@ -90,8 +99,10 @@ impl SchedulerLoop {
             candidates: self.settings.candidates,
             preemption: self.settings.preemption,
             dynamic_mig: self.settings.dynamic_mig,
+            stop: Some(Arc::new(std::sync::atomic::AtomicBool::new(false))),
             ..SchedulerConfig::default()
         };
+        let stop = cfg.stop.clone();
         let policy_name = self.settings.policy.clone();
         let cached = self
             .typical
@@ -99,7 +110,7 @@ impl SchedulerLoop {
             .filter(|(at, _)| now - *at < TYPICAL_REFRESH && now >= *at)
             .map(|(_, t)| Arc::clone(t));
         // The cycle is CPU work (up to a few hundred ms on a large cluster): off the runtime.
-        let (snap, decisions, typical) = tokio::task::spawn_blocking(move || {
+        let cycle = tokio::task::spawn_blocking(move || {
             let typical = cached.unwrap_or_else(|| {
                 Arc::new(typical_from_shapes(
                     snap.queued.iter().map(|q| (&q.shape, q.replicas)).chain(
@@ -113,9 +124,16 @@ impl SchedulerLoop {
                 .unwrap_or_else(|| Box::new(policies::BestFit));
             let d = schedule(&snap, policy.as_ref(), &cfg, now);
             (snap, d, typical)
-        })
-        .await
-        .map_err(|e| StoreError::Connect(format!("scheduler task failed: {e}")))?;
+        });
+        let (snap, decisions, typical) = tokio::select! {
+            r = cycle => r.map_err(|e| StoreError::Connect(format!("scheduler task failed: {e}")))?,
+            () = cancel.cancelled() => {
+                if let Some(s) = &stop {
+                    s.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                return Ok(CycleReport::default());
+            }
+        };
         if self
             .typical
             .as_ref()
@@ -203,8 +221,14 @@ impl SchedulerLoop {
                 leader = None;
                 continue;
             }
+            // A round is given up at shutdown: each decision is its own transaction, so one
+            // cut short leaves the store consistent, and the next leader goes on from there.
             if let Some(recovery) = &mut self.recovery {
-                match recovery.run_once().await {
+                let round = tokio::select! {
+                    r = recovery.run_once() => r,
+                    () = cancel.cancelled() => return,
+                };
+                match round {
                     Ok(r) if !r.is_quiet() => tracing::info!(?r, "recovery round"),
                     Ok(_) => {}
                     Err(e) => {
@@ -212,7 +236,14 @@ impl SchedulerLoop {
                     }
                 }
             }
-            match self.run_once().await {
+            let cycle = tokio::select! {
+                r = self.run_until(&cancel) => r,
+                () = cancel.cancelled() => return,
+            };
+            if cancel.is_cancelled() {
+                return;
+            }
+            match cycle {
                 Ok(r) if r.admitted + r.preempted + r.relayouts > 0 => {
                     tracing::info!(?r, "scheduling cycle")
                 }
@@ -226,7 +257,11 @@ impl SchedulerLoop {
                 && last.is_none_or(|t| t.elapsed() >= *interval)
             {
                 *last = Some(tokio::time::Instant::now());
-                match capacity.run_once().await {
+                let round = tokio::select! {
+                    r = capacity.run_once() => r,
+                    () = cancel.cancelled() => return,
+                };
+                match round {
                     Ok(r) if r.bought + r.released + r.vanished + r.orphans + r.ready > 0 => {
                         tracing::info!(?r, "capacity round")
                     }

@@ -66,6 +66,9 @@ pub struct SchedulerConfig {
     /// Nodes a single replica examines for victims at most.
     pub preemption_nodes: usize,
     pub dynamic_mig: bool,
+    /// Set by whoever runs the cycle to stop it early (shutdown): the cycle then returns the
+    /// decisions made so far, which the caller drops. Read once per job.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Default for SchedulerConfig {
@@ -77,6 +80,7 @@ impl Default for SchedulerConfig {
             preemption_candidates: 64,
             preemption_nodes: 64,
             dynamic_mig: true,
+            stop: None,
         }
     }
 }
@@ -551,6 +555,13 @@ fn run_cycle<'scope, 'a>(
         }
     }
     while let Some(Reverse((_, t))) = heap.pop() {
+        if cfg
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            break;
+        }
         let Some(entry) = queues[t].pop() else {
             continue;
         };

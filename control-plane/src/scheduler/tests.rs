@@ -1159,3 +1159,27 @@ fn a_team_at_its_quota_makes_room_by_preempting_its_own_lower_priority_work() {
     assert_eq!(d.preemptions[0].reason, PreemptionReason::Priority);
     assert_eq!(d.unmet[0].reason, WaitReason::WaitingForPreemption);
 }
+
+#[test]
+fn a_stopped_cycle_decides_nothing_more() {
+    let snap = Snapshot {
+        nodes: vec![node(1, H100, 8, "a")],
+        queued: vec![queued(1, "t", whole(1), 1, 0)],
+        ..Default::default()
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let cfg = SchedulerConfig {
+        stop: Some(stop.clone()),
+        ..SchedulerConfig::default()
+    };
+    assert!(
+        schedule(&snap, &Tightest, &cfg, now())
+            .admissions
+            .is_empty()
+    );
+    stop.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        admitted(&schedule(&snap, &Tightest, &cfg, now())),
+        vec![jid(1)]
+    );
+}
