@@ -360,9 +360,40 @@ pub(crate) fn expected_hourly(
     n * price.0 as f64 * (1.0 + n * rate * (rework + restart))
 }
 
+/// What a round reads of each offer again and again, worked out once: its id (a formatted
+/// string), whether it is set aside, its pool's interruption rate, and the offer of an id.
+/// Without it, a queue of 11,000 jobs formatted every offer's id for every job and every
+/// booting node (issue 29 no. 3; docs/benchmarks.md, "A leader round on a large queue").
+struct OfferIndex<'a> {
+    ids: &'a [String],
+    set_aside: Vec<bool>,
+    rates: Vec<f64>,
+    by_id: std::collections::HashMap<&'a str, usize>,
+}
+
+impl<'a> OfferIndex<'a> {
+    fn new(input: &PlanInput, ids: &'a [String], now: DateTime<Utc>) -> Self {
+        OfferIndex {
+            ids,
+            set_aside: ids
+                .iter()
+                .map(|id| input.unavailable.contains(id, now))
+                .collect(),
+            rates: input.offers.iter().map(|o| input.pools.rate(o)).collect(),
+            by_id: ids.iter().enumerate().map(|(i, id)| (id.as_str(), i)).collect(),
+        }
+    }
+
+    fn offer<'o>(&self, input: &'o PlanInput, id: &str) -> Option<&'o Offer> {
+        self.by_id.get(id).map(|&i| &input.offers[i])
+    }
+}
+
 /// One planning round. Deterministic: the same input gives the same plan.
 pub fn plan(now: DateTime<Utc>, input: &PlanInput, settings: &PlannerSettings) -> Plan {
     let mut out = Plan::default();
+    let ids: Vec<String> = input.offers.iter().map(Offer::id).collect();
+    let index = OfferIndex::new(input, &ids, now);
     // Booting capacity not yet spoken for, per node: whole GPUs free.
     let mut booting: Vec<(usize, u32)> = input
         .fleet
@@ -373,7 +404,8 @@ pub fn plan(now: DateTime<Utc>, input: &PlanInput, settings: &PlannerSettings) -
         .collect();
     // Per team: price per hour of its fleet (bought in this round included) and nodes per pool.
     let mut team_hourly: BTreeMap<TeamName, i64> = BTreeMap::new();
-    let mut team_pools: BTreeMap<(TeamName, String), u32> = BTreeMap::new();
+    // (team, offer index): the team's nodes bought from that offer.
+    let mut team_pools: BTreeMap<(&TeamName, usize), u32> = BTreeMap::new();
     // The whole fleet, for its caps: nodes and price per hour (bought in this round included).
     let staying = input
         .fleet
@@ -384,9 +416,9 @@ pub fn plan(now: DateTime<Utc>, input: &PlanInput, settings: &PlannerSettings) -
     for n in &input.fleet {
         if let (Some(t), false) = (&n.team, n.phase == FleetPhase::Leaving) {
             *team_hourly.entry(t.clone()).or_default() += n.price.0;
-            *team_pools
-                .entry((t.clone(), n.offer_id.clone()))
-                .or_default() += 1;
+            if let Some(&i) = index.by_id.get(n.offer_id.as_str()) {
+                *team_pools.entry((t, i)).or_default() += 1;
+            }
         }
     }
 
@@ -401,11 +433,19 @@ pub fn plan(now: DateTime<Utc>, input: &PlanInput, settings: &PlannerSettings) -
     });
 
     for d in demand {
-        if take_booting(d, input, &mut booting) {
+        if take_booting(d, input, &index, &mut booting) {
             out.unserved.push((d.job, Unserved::Booting));
             continue;
         }
-        match choose(now, d, input, settings, &team_pools) {
+        // A full fleet takes nothing more: no need to look for an offer.
+        if settings
+            .max_nodes
+            .is_some_and(|m| fleet_nodes >= u64::from(m))
+        {
+            out.unserved.push((d.job, Unserved::OverFleetCap));
+            continue;
+        }
+        match choose(now, d, input, &index, settings, &team_pools) {
             Err(why) => out.unserved.push((d.job, why)),
             Ok((best, fallbacks, expected, forced)) => {
                 let per_node = replicas_per_node(&d.shape, &best);
@@ -441,7 +481,9 @@ pub fn plan(now: DateTime<Utc>, input: &PlanInput, settings: &PlannerSettings) -
                 fleet_nodes += u64::from(count);
                 fleet_hourly = fleet_hourly.saturating_add(add);
                 *team_hourly.entry(d.team.clone()).or_default() += add;
-                *team_pools.entry((d.team.clone(), best.id())).or_default() += count;
+                if let Some(&i) = index.by_id.get(best.id().as_str()) {
+                    *team_pools.entry((&d.team, i)).or_default() += count;
+                }
                 out.buys.push(Buy {
                     job: d.job,
                     team: d.team.clone(),
@@ -455,15 +497,23 @@ pub fn plan(now: DateTime<Utc>, input: &PlanInput, settings: &PlannerSettings) -
         }
     }
 
-    out.releases = releases(now, input, settings);
+    out.releases = releases(now, input, &index, settings);
     out
 }
 
 /// Puts a demand on booting nodes when one node (or, for a gang, nodes of one zone) can take
 /// it; returns whether it did.
-fn take_booting(d: &Demand, input: &PlanInput, booting: &mut [(usize, u32)]) -> bool {
+fn take_booting(
+    d: &Demand,
+    input: &PlanInput,
+    index: &OfferIndex<'_>,
+    booting: &mut [(usize, u32)],
+) -> bool {
+    if booting.is_empty() {
+        return false;
+    }
     let gpu_model_fits = |n: &FleetNode| -> Option<u32> {
-        let offer = input.offers.iter().find(|o| o.id() == n.offer_id)?;
+        let offer = index.offer(input, &n.offer_id)?;
         let per_node = replicas_per_node(&d.shape, offer);
         (per_node > 0 && d.allows(offer)).then_some(per_node)
     };
@@ -472,11 +522,7 @@ fn take_booting(d: &Demand, input: &PlanInput, booting: &mut [(usize, u32)]) -> 
     for (slot, (i, free)) in booting.iter().enumerate() {
         let n = &input.fleet[*i];
         if let Some(per_node) = gpu_model_fits(n) {
-            let model = input
-                .offers
-                .iter()
-                .find(|o| o.id() == n.offer_id)
-                .and_then(|o| o.gpu_model);
+            let model = index.offer(input, &n.offer_id).and_then(|o| o.gpu_model);
             // Replicas this node can still take, given its free GPUs.
             let mut k = per_node;
             while k > 0 && gpus_taken(&d.shape.gpu, k, model) > *free {
@@ -499,10 +545,8 @@ fn take_booting(d: &Demand, input: &PlanInput, booting: &mut [(usize, u32)]) -> 
             }
             let take = left.min(*k);
             let (i, free) = &mut booting[*slot];
-            let model = input
-                .offers
-                .iter()
-                .find(|o| o.id() == input.fleet[*i].offer_id)
+            let model = index
+                .offer(input, &input.fleet[*i].offer_id)
                 .and_then(|o| o.gpu_model);
             *free = free.saturating_sub(gpus_taken(&d.shape.gpu, take, model));
             left -= take;
@@ -520,26 +564,30 @@ fn choose(
     now: DateTime<Utc>,
     d: &Demand,
     input: &PlanInput,
+    index: &OfferIndex<'_>,
     s: &PlannerSettings,
-    team_pools: &BTreeMap<(TeamName, String), u32>,
+    team_pools: &BTreeMap<(&TeamName, usize), u32>,
 ) -> Result<Choice, Unserved> {
-    let fits: Vec<(&Offer, u32)> = input
+    // (offer index, nodes the gang needs there)
+    let fits: Vec<(usize, u32)> = input
         .offers
         .iter()
-        .filter(|o| d.allows(o) && !input.unavailable.contains(&o.id(), now))
-        .filter_map(|o| {
+        .enumerate()
+        .filter(|(i, o)| !index.set_aside[*i] && d.allows(o))
+        .filter_map(|(i, o)| {
             let per = replicas_per_node(&d.shape, o);
-            (per > 0).then(|| (o, d.replicas.div_ceil(per)))
+            (per > 0).then(|| (i, d.replicas.div_ceil(per)))
         })
         .collect();
+    let offer = |i: usize| &input.offers[i];
     if fits.is_empty() {
         return Err(Unserved::NoOffer);
     }
-    let within_price: Vec<(&Offer, u32)> = fits
+    let within_price: Vec<(usize, u32)> = fits
         .into_iter()
-        .filter(|(o, n)| {
+        .filter(|(i, n)| {
             d.max_hourly
-                .is_none_or(|m| o.price.0.saturating_mul(i64::from(*n)) <= m.0)
+                .is_none_or(|m| offer(*i).price.0.saturating_mul(i64::from(*n)) <= m.0)
         })
         .collect();
     if within_price.is_empty() {
@@ -549,40 +597,46 @@ fn choose(
     // on which pool happens to be picked.
     let worst_rate = within_price
         .iter()
-        .filter(|(o, _)| o.market == Market::Spot)
-        .map(|(o, _)| input.pools.rate(o))
+        .filter(|(i, _)| offer(*i).market == Market::Spot)
+        .map(|(i, _)| index.rates[*i])
         .fold(0.0_f64, f64::max);
     let max_nodes = within_price.iter().map(|(_, n)| *n).max().unwrap_or(1);
     let forced = s.policy == PlanPolicy::ExpectedCost
         && d.spot
         && d.deadline_forces_on_demand(now, worst_rate, max_nodes, s);
-    let any_spot = within_price.iter().any(|(o, _)| o.market == Market::Spot);
-    let mut scored: Vec<(f64, u32, &Offer)> = within_price
+    let any_spot = within_price
+        .iter()
+        .any(|(i, _)| offer(*i).market == Market::Spot);
+    let mut scored: Vec<(f64, u32, usize)> = within_price
         .into_iter()
-        .filter(|(o, _)| match s.policy {
-            PlanPolicy::ExpectedCost => !forced || o.market == Market::OnDemand,
-            PlanPolicy::CheapestSpot => !any_spot || o.market == Market::Spot,
-            PlanPolicy::OnDemandOnly => o.market == Market::OnDemand,
+        .filter(|(i, _)| match s.policy {
+            PlanPolicy::ExpectedCost => !forced || offer(*i).market == Market::OnDemand,
+            PlanPolicy::CheapestSpot => !any_spot || offer(*i).market == Market::Spot,
+            PlanPolicy::OnDemandOnly => offer(*i).market == Market::OnDemand,
         })
-        .map(|(o, n)| {
+        .map(|(i, n)| {
+            let o = offer(i);
             let rate = if o.market == Market::Spot && s.policy == PlanPolicy::ExpectedCost {
-                input.pools.rate(o)
+                index.rates[i]
             } else {
                 0.0
             };
             let e = expected_hourly(o.price, n, rate, d.rework_hours(s), d.restart(s));
             let held = team_pools
-                .get(&(d.team.clone(), o.id()))
+                .get(&(&d.team, i))
                 .copied()
                 .unwrap_or(0);
-            (e, held, o)
+            (e, held, i)
         })
         .collect();
     if scored.is_empty() {
         // Forced to on-demand and none is allowed within the price.
         return Err(Unserved::OverMaxPrice);
     }
-    scored.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.id().cmp(&b.2.id())));
+    scored.sort_by(|a, b| {
+        a.0.total_cmp(&b.0)
+            .then_with(|| index.ids[a.2].cmp(&index.ids[b.2]))
+    });
     let best = scored[0].0;
     // Spreading: among the near-best, the pool where the team holds the fewest nodes.
     let tolerance = if s.policy == PlanPolicy::ExpectedCost {
@@ -601,12 +655,17 @@ fn choose(
     let fallbacks: Vec<Offer> = scored
         .iter()
         .take(8)
-        .map(|(_, _, o)| (*o).clone())
+        .map(|(_, _, i)| offer(*i).clone())
         .collect();
-    Ok((chosen.2.clone(), fallbacks, chosen.0, forced))
+    Ok((offer(chosen.2).clone(), fallbacks, chosen.0, forced))
 }
 
-fn releases(now: DateTime<Utc>, input: &PlanInput, s: &PlannerSettings) -> Vec<Release> {
+fn releases(
+    now: DateTime<Utc>,
+    input: &PlanInput,
+    index: &OfferIndex<'_>,
+    s: &PlannerSettings,
+) -> Vec<Release> {
     let mut out = Vec::new();
     for n in &input.fleet {
         match n.phase {
@@ -619,7 +678,7 @@ fn releases(now: DateTime<Utc>, input: &PlanInput, s: &PlannerSettings) -> Vec<R
                     && n.idle_since.is_some_and(|t| now - t >= s.idle_grace) =>
             {
                 // Kept when waiting demand could use it (the scheduler places it next cycle).
-                let offer = input.offers.iter().find(|o| o.id() == n.offer_id);
+                let offer = index.offer(input, &n.offer_id);
                 let wanted = offer.is_some_and(|o| {
                     input
                         .demand
