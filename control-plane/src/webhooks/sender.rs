@@ -2,7 +2,9 @@
 //!
 //! reqwest with rustls; a total timeout and a connect timeout; no redirects (a redirect could
 //! lead anywhere); no proxy from the environment; names resolved by [`GuardedResolver`] and IP
-//! literals checked here, so a target refused at subscription time stays refused.
+//! literals checked here, so a target refused at subscription time stays refused. Of the
+//! answer, the status and `Retry-After` are kept and at most [`MAX_RESPONSE_BYTES`] of the body
+//! is read: an endpoint answering without end costs no more memory than that.
 
 use std::time::Duration;
 
