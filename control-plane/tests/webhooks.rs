@@ -938,6 +938,12 @@ async fn an_endless_answer_is_read_only_a_few_kib() {
         }
     };
     let failed = send(format!("{base}/fail")).await;
+    let produced = endless.produced_once_dropped(1).await;
+    assert!(
+        (MAX_RESPONSE_BYTES..READ_AT_MOST).contains(&produced),
+        "{produced} bytes left the endpoint of {} on offer",
+        ENDLESS_CHUNK * ENDLESS_CHUNKS
+    );
     assert_eq!(failed.status, Some(500));
     let error = failed.error.expect("a 500 fails");
     let excerpt = error
@@ -945,12 +951,6 @@ async fn an_endless_answer_is_read_only_a_few_kib() {
         .expect(&error);
     assert!(excerpt.chars().all(|c| c == 'x'), "{excerpt}");
     assert_eq!(excerpt.len(), MAX_ERROR_EXCERPT_CHARS);
-    let produced = endless.produced_once_dropped(1).await;
-    assert!(
-        (MAX_RESPONSE_BYTES..READ_AT_MOST).contains(&produced),
-        "{produced} bytes left the endpoint of {} on offer",
-        ENDLESS_CHUNK * ENDLESS_CHUNKS
-    );
 
     let ok = send(format!("{base}/ok")).await;
     assert_eq!((ok.status, ok.error.as_deref()), (Some(200), None));
@@ -977,6 +977,8 @@ async fn a_ping_to_an_endless_answer_is_recorded_with_its_status(backend: Backen
             )
             .await;
         assert_eq!(s, StatusCode::OK, "{v}");
+        let produced = endless.produced_once_dropped(n).await;
+        assert!(produced < n * READ_AT_MOST, "{produced} bytes");
         assert_eq!(
             (v["status"].as_u64(), v["delivered"].as_bool()),
             (Some(status), Some(delivered)),
@@ -995,8 +997,6 @@ async fn a_ping_to_an_endless_answer_is_recorded_with_its_status(backend: Backen
             }
             None => assert!(delivered, "{d}"),
         }
-        let produced = endless.produced_once_dropped(n).await;
-        assert!(produced < n * READ_AT_MOST, "{produced} bytes");
     }
     ts.stop().await;
 }
