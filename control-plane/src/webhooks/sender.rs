@@ -105,9 +105,8 @@ impl Sender {
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .map(Duration::from_secs);
                 // Only a little of the body is read, however much the endpoint sends.
-                let excerpt = tokio::time::timeout(BODY_READ_LIMIT, read_capped(resp))
-                    .await
-                    .unwrap_or_default();
+                let excerpt =
+                    read_capped(resp, tokio::time::Instant::now() + BODY_READ_LIMIT).await;
                 if status.is_success() {
                     Outcome {
                         status: Some(status.as_u16()),
@@ -138,17 +137,17 @@ impl Sender {
 }
 
 /// Reads at most [`MAX_RESPONSE_BYTES`] of a response's body, chunk by chunk, and drops the
-/// rest unread (the connection is closed rather than drained); a body that fails midway keeps
-/// what was read.
-async fn read_capped(mut resp: reqwest::Response) -> Vec<u8> {
+/// rest unread (the connection is closed rather than drained); a body that fails, or is still
+/// coming at `deadline`, keeps what was read.
+async fn read_capped(mut resp: reqwest::Response, deadline: tokio::time::Instant) -> Vec<u8> {
     let mut out = Vec::new();
     while out.len() < MAX_RESPONSE_BYTES {
-        match resp.chunk().await {
-            Ok(Some(chunk)) => {
+        match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => {
                 let room = MAX_RESPONSE_BYTES - out.len();
                 out.extend_from_slice(&chunk[..chunk.len().min(room)]);
             }
-            Ok(None) | Err(_) => break,
+            Ok(Ok(None) | Err(_)) | Err(_) => break,
         }
     }
     out
