@@ -119,6 +119,9 @@ pub struct WebhookSettings {
     /// before it is skipped (a transaction rolled back).
     #[serde(with = "humantime_serde")]
     pub gap_wait: Duration,
+    /// Test pings (`POST /v1/webhooks/{id}/ping`) a team may send a minute, all at once if
+    /// saved up; more are answered 429.
+    pub pings_per_minute: u32,
 }
 
 impl Default for WebhookSettings {
@@ -136,6 +139,7 @@ impl Default for WebhookSettings {
             rotation_overlap: Duration::from_secs(24 * 3600),
             allow_private: false,
             gap_wait: Duration::from_secs(10),
+            pings_per_minute: 5,
         }
     }
 }
@@ -635,6 +639,9 @@ impl Config {
         }
         if !(1..=1024).contains(&w.concurrency) {
             errs.push("webhooks.concurrency", "must be between 1 and 1024");
+        }
+        if !(1..=600).contains(&w.pings_per_minute) {
+            errs.push("webhooks.pings_per_minute", "must be between 1 and 600");
         }
         if self.finance.billing_account_id.trim().is_empty() {
             errs.push("finance.billing_account_id", "must not be empty");

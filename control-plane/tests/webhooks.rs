@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::http::StatusCode as AxumStatus;
+use futures::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use spotplane::clock::{Clock, ManualClock, SharedClock, SystemClock};
@@ -831,6 +832,242 @@ async fn a_refused_target_is_refused_at_send_time_too() {
     }
 }
 
+/// An endpoint answering a body of up to 1 GiB, in 64 KiB chunks, as fast as it is read:
+/// `/ok` with 200, `/fail` with 500. It counts the bytes it has handed to the connection, and
+/// notes when the client has let the body go.
+#[derive(Clone, Default)]
+struct Endless {
+    produced: Arc<AtomicUsize>,
+    dropped: Arc<AtomicUsize>,
+}
+
+/// Notes that a response body was dropped (read to its end or abandoned).
+struct DropNote(Arc<AtomicUsize>);
+
+impl Drop for DropNote {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+const ENDLESS_CHUNK: usize = 64 * 1024;
+const ENDLESS_CHUNKS: usize = 16 * 1024;
+
+impl Endless {
+    async fn start(&self) -> String {
+        let answer = |me: Endless, status: AxumStatus| {
+            let chunk = bytes_of(vec![b'x'; ENDLESS_CHUNK]);
+            let note = DropNote(me.dropped.clone());
+            let body = futures::stream::iter(0..ENDLESS_CHUNKS).map(move |_| {
+                let _ = &note;
+                me.produced.fetch_add(ENDLESS_CHUNK, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(chunk.clone())
+            });
+            (status, axum::body::Body::from_stream(body))
+        };
+        let (ok, fail) = (self.clone(), self.clone());
+        let app = axum::Router::new()
+            .route(
+                "/ok",
+                axum::routing::post(move || {
+                    let me = ok.clone();
+                    async move { answer(me, AxumStatus::OK) }
+                }),
+            )
+            .route(
+                "/fail",
+                axum::routing::post(move || {
+                    let me = fail.clone();
+                    async move { answer(me, AxumStatus::INTERNAL_SERVER_ERROR) }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        format!("http://{addr}")
+    }
+
+    /// Waits (up to 10 s) until `n` bodies have been let go; then what was produced.
+    async fn produced_once_dropped(&self, n: usize) -> usize {
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            while self.dropped.load(Ordering::SeqCst) < n {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "the client let the endless body go");
+        self.produced.load(Ordering::SeqCst)
+    }
+}
+
+fn bytes_of(v: Vec<u8>) -> axum::body::Bytes {
+    axum::body::Bytes::from(v)
+}
+
+/// Far less than the 1 GiB on offer; room for the kernel's socket buffers and hyper's.
+const READ_AT_MOST: usize = 64 * 1024 * 1024;
+
+/// One attempt against an endless answer reads a few KiB and lets the rest go: the sender's
+/// memory does not grow with the answer, and the outcome keeps the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_answer_is_read_only_a_few_kib() {
+    use spotplane::webhooks::sender::{MAX_ERROR_EXCERPT_CHARS, MAX_RESPONSE_BYTES};
+    let endless = Endless::default();
+    let base = endless.start().await;
+    let settings = WebhookSettings {
+        allow_private: true,
+        ..WebhookSettings::default()
+    };
+    let sender = Sender::new(&settings).expect("client");
+    let send = |url: String| {
+        let sender = sender.clone();
+        async move {
+            sender
+                .send(&Message {
+                    url: &url,
+                    id: "msg_1",
+                    timestamp: 1,
+                    signature: "v1,x",
+                    body: b"{}",
+                })
+                .await
+        }
+    };
+    let failed = send(format!("{base}/fail")).await;
+    let produced = endless.produced_once_dropped(1).await;
+    assert!(
+        (MAX_RESPONSE_BYTES..READ_AT_MOST).contains(&produced),
+        "{produced} bytes left the endpoint of {} on offer",
+        ENDLESS_CHUNK * ENDLESS_CHUNKS
+    );
+    assert_eq!(failed.status, Some(500));
+    let error = failed.error.expect("a 500 fails");
+    let excerpt = error
+        .strip_prefix("HTTP 500 Internal Server Error: ")
+        .expect(&error);
+    assert!(excerpt.chars().all(|c| c == 'x'), "{excerpt}");
+    assert_eq!(excerpt.len(), MAX_ERROR_EXCERPT_CHARS);
+
+    let ok = send(format!("{base}/ok")).await;
+    assert_eq!((ok.status, ok.error.as_deref()), (Some(200), None));
+    let produced = endless.produced_once_dropped(2).await;
+    assert!(produced < 2 * READ_AT_MOST, "{produced} bytes");
+}
+
+/// Through the API: a ping to an endless answer is recorded with its status and a short
+/// excerpt, and the server answers at once.
+async fn a_ping_to_an_endless_answer_is_recorded_with_its_status(backend: Backend) {
+    use spotplane::webhooks::sender::MAX_ERROR_EXCERPT_CHARS;
+    let ts = server(backend).await;
+    let team = ts.team_with_token("ml").await;
+    let endless = Endless::default();
+    let base = endless.start().await;
+    for (path, status, delivered, n) in [("/fail", 500, false, 1), ("/ok", 200, true, 2)] {
+        let (sub, _) = subscribe(&ts, &team, &format!("{base}{path}"), &["job.queued"]).await;
+        let (s, v) = ts
+            .call(
+                Method::POST,
+                &format!("/v1/webhooks/{sub}/ping"),
+                Some(&team),
+                None,
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        let produced = endless.produced_once_dropped(n).await;
+        assert!(produced < n * READ_AT_MOST, "{produced} bytes");
+        assert_eq!(
+            (v["status"].as_u64(), v["delivered"].as_bool()),
+            (Some(status), Some(delivered)),
+            "{v}"
+        );
+        let log = log_of(&ts, &team, &sub).await;
+        assert_eq!(log.len(), 1);
+        let d = &log[0];
+        assert_eq!(d["last_status"], status, "{d}");
+        assert_eq!(d["state"], if delivered { "delivered" } else { "failed" });
+        match d["last_error"].as_str() {
+            Some(e) => {
+                assert!(!delivered, "{d}");
+                assert!(e.starts_with("HTTP 500 Internal Server Error: xxx"), "{e}");
+                assert!(e.len() <= MAX_ERROR_EXCERPT_CHARS + 40, "{} bytes", e.len());
+            }
+            None => assert!(delivered, "{d}"),
+        }
+    }
+    ts.stop().await;
+}
+
+/// A team pinging faster than `webhooks.pings_per_minute` is answered 429, problem+json with
+/// `Retry-After`, and nothing is sent or recorded; other teams are not held up, and another
+/// team's (or no) endpoint is still not found rather than limited.
+async fn pings_beyond_the_teams_rate_are_refused_with_retry_after(backend: Backend) {
+    let ts = TestServer::start_with(backend, |c| {
+        c.webhooks.allow_private = true;
+        c.webhooks.pings_per_minute = 2;
+    })
+    .await;
+    let ml = ts.team_with_token("ml").await;
+    let vision = ts.team_with_token("vision").await;
+    let rx = Local::default();
+    let url = rx.start().await;
+    let (sub, _) = subscribe(&ts, &ml, &url, &["job.queued"]).await;
+    let (other, _) = subscribe(&ts, &vision, &url, &["job.queued"]).await;
+    let ping = |token: String, sub: String| {
+        let ts = &ts;
+        async move {
+            ts.send(
+                Method::POST,
+                &format!("/v1/webhooks/{sub}/ping"),
+                Some(&token),
+                None,
+                &[],
+            )
+            .await
+        }
+    };
+    for _ in 0..2 {
+        let (s, _, v) = ping(ml.clone(), sub.clone()).await;
+        assert_eq!(
+            (s, v["delivered"].as_bool()),
+            (StatusCode::OK, Some(true)),
+            "{v}"
+        );
+    }
+    for token in [ml.clone(), ADMIN_TOKEN.to_owned()] {
+        let (s, h, v) = ping(token, sub.clone()).await;
+        assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
+        assert_eq!(h["content-type"], "application/problem+json");
+        assert_eq!(v["type"], "urn:spotplane:problem:too-many-requests", "{v}");
+        assert!(
+            v["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("2 times a minute")),
+            "{v}"
+        );
+        let after: u64 = h["retry-after"]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("whole seconds");
+        assert!((1..=30).contains(&after), "Retry-After: {after}");
+    }
+    // Refused pings were neither sent nor logged.
+    assert_eq!(rx.bodies.lock().await.len(), 2);
+    assert_eq!(log_of(&ts, &ml, &sub).await.len(), 2);
+    // Another team's endpoint is not found, not limited; that team has its own bucket.
+    let (s, _, _) = ping(ml.clone(), other.clone()).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _, _) = ping(ml.clone(), "no-such-webhook".into()).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _, v) = ping(vision.clone(), other.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    ts.stop().await;
+}
+
 on_both_databases!(
     a_python_receiver_verifies_every_signature_including_during_rotation,
     failures_are_retried_with_backoff_and_a_restart_loses_nothing,
@@ -839,4 +1076,6 @@ on_both_databases!(
     a_jobs_events_go_out_in_order_while_other_jobs_proceed,
     a_node_notice_reaches_the_teams_with_work_on_the_node,
     targets_and_event_types_are_validated_and_teams_see_their_own,
+    a_ping_to_an_endless_answer_is_recorded_with_its_status,
+    pings_beyond_the_teams_rate_are_refused_with_retry_after,
 );

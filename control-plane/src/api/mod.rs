@@ -39,6 +39,7 @@ use crate::clock::SharedClock;
 use crate::config::{FinanceSettings, ServerConfig, WebhookSettings};
 use crate::metrics::{HttpLabels, Metrics};
 use crate::store::{Principal, Store};
+use crate::webhooks::limit::PingLimiter;
 use crate::webhooks::sender::Sender;
 
 /// What every handler can reach.
@@ -58,6 +59,8 @@ struct Inner {
     webhooks: WebhookSettings,
     /// The webhook HTTP client, or why it could not be built.
     sender: Result<Arc<Sender>, String>,
+    /// How often each team may ping its endpoints.
+    pings: PingLimiter,
 }
 
 impl AppState {
@@ -75,6 +78,7 @@ impl AppState {
                 sender: Sender::new(&WebhookSettings::default())
                     .map(Arc::new)
                     .map_err(|e| e.to_string()),
+                pings: PingLimiter::new(WebhookSettings::default().pings_per_minute),
             }),
         }
     }
@@ -90,6 +94,7 @@ impl AppState {
     /// Sets the webhook settings and the client deliveries and pings are sent with.
     pub fn with_webhooks(mut self, settings: WebhookSettings, sender: Arc<Sender>) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.pings = PingLimiter::new(settings.pings_per_minute);
             inner.webhooks = settings;
             inner.sender = Ok(sender);
         }
@@ -102,6 +107,10 @@ impl AppState {
 
     pub fn webhook_sender(&self) -> Result<Arc<Sender>, String> {
         self.inner.sender.clone()
+    }
+
+    pub fn ping_limiter(&self) -> &PingLimiter {
+        &self.inner.pings
     }
 
     pub fn clock(&self) -> SharedClock {

@@ -58,6 +58,12 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// Over a rate limit; `Retry-After` says when to come back.
+    #[error("{detail}")]
+    TooManyRequests {
+        detail: String,
+        retry_after: std::time::Duration,
+    },
     #[error("the server is not ready: {0}")]
     Unavailable(String),
     #[error("internal error")]
@@ -107,6 +113,11 @@ impl ApiError {
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
                 "Method not allowed",
+            ),
+            ApiError::TooManyRequests { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "too-many-requests",
+                "Too many requests",
             ),
             ApiError::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -171,6 +182,12 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"spotplane\""),
             );
+        }
+        if let ApiError::TooManyRequests { retry_after, .. } = &self {
+            // Whole seconds, rounded up: a client waiting that long finds room.
+            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
         resp
     }

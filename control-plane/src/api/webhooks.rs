@@ -340,7 +340,8 @@ pub async fn rotate_secret(
 #[utoipa::path(post, path = "/v1/webhooks/{id}/ping", tag = "webhooks",
     params(("id" = String, Path, description = "Subscription id")),
     responses((status = 200, body = PingResult, description = "Sent now, signed like every delivery; the result is in the delivery log too"),
-        (status = 404, body = Problem)),
+        (status = 404, body = Problem),
+        (status = 429, body = Problem, description = "Over the team's `webhooks.pings_per_minute`; `Retry-After` says when to try again")),
     security(("bearer" = [])))]
 pub async fn send_ping(
     State(state): State<AppState>,
@@ -348,6 +349,23 @@ pub async fn send_ping(
     Path(id): Path<String>,
 ) -> Result<Json<PingResult>, ApiError> {
     let p = auth.require(&[Role::Admin, Role::Team])?;
+    // Another team's endpoint is not found before it is counted; the limit is the endpoint's
+    // team's, whoever pings (so the endpoint is not flooded through an admin token either).
+    let sub = state.store().get_subscription(&id, scope(p)).await?;
+    if let Err(wait) = state
+        .ping_limiter()
+        .take(sub.team.as_str(), tokio::time::Instant::now())
+    {
+        return Err(ApiError::TooManyRequests {
+            detail: format!(
+                "team {} may ping its webhooks {} times a minute; try again in {} s",
+                sub.team,
+                state.webhook_settings().pings_per_minute,
+                wait.as_secs_f64().ceil()
+            ),
+            retry_after: wait,
+        });
+    }
     let d = state
         .store()
         .create_ping(&id, scope(p), state.now())

@@ -6,11 +6,13 @@
 //! - [`target`]: which URLs may be called (no credentials; no private, loopback or link-local
 //!   addresses unless the admin allows them), enforced again at connection time.
 //! - [`retry`]: when to try again, when to give up, when to disable an endpoint (pure).
-//! - [`sender`]: one HTTP attempt, with timeouts.
+//! - [`sender`]: one HTTP attempt, with timeouts, reading at most a few KiB of the answer.
+//! - [`limit`]: how often a team may ping its endpoints.
 //!
 //! The delivery loop is `reconcile::webhooks`; its state is all in the store
 //! (`webhook_deliveries`), so a restart loses nothing.
 
+pub mod limit;
 pub mod retry;
 pub mod sender;
 pub mod signing;

@@ -2,7 +2,9 @@
 //!
 //! reqwest with rustls; a total timeout and a connect timeout; no redirects (a redirect could
 //! lead anywhere); no proxy from the environment; names resolved by [`GuardedResolver`] and IP
-//! literals checked here, so a target refused at subscription time stays refused.
+//! literals checked here, so a target refused at subscription time stays refused. Of the
+//! answer, the status and `Retry-After` are kept and at most [`MAX_RESPONSE_BYTES`] of the body
+//! is read: an endpoint answering without end costs no more memory than that.
 
 use std::time::Duration;
 
@@ -12,6 +14,16 @@ use url::Host;
 use super::retry::Outcome;
 use super::target::{self, GuardedResolver};
 use crate::config::WebhookSettings;
+
+/// The most of a response's body an attempt reads; the rest is never read, so an endpoint
+/// answering without end costs this much memory and no more.
+pub const MAX_RESPONSE_BYTES: usize = 4096;
+
+/// The most of a failed answer's body the delivery log keeps (in `last_error`).
+pub const MAX_ERROR_EXCERPT_CHARS: usize = 256;
+
+/// How long reading that much of the body may take, within the attempt's own timeout.
+const BODY_READ_LIMIT: Duration = Duration::from_secs(1);
 
 /// What one attempt sends.
 #[derive(Debug, Clone)]
@@ -70,9 +82,7 @@ impl Sender {
                 Some(Host::Ipv6(ip)) => Some(std::net::IpAddr::V6(ip)),
                 _ => None,
             };
-            if let Some(ip) = literal
-                && let Some(why) = target::refused(ip)
-            {
+            if let Some((ip, why)) = target::first_refused(literal) {
                 return fail(None, format!("refused target {ip}: {why}"), None);
             }
         }
@@ -94,8 +104,9 @@ impl Sender {
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .map(Duration::from_secs);
-                // Read (a little of) the body so the connection can be reused.
-                let _ = tokio::time::timeout(Duration::from_secs(1), resp.bytes()).await;
+                // Only a little of the body is read, however much the endpoint sends.
+                let excerpt =
+                    read_capped(resp, tokio::time::Instant::now() + BODY_READ_LIMIT).await;
                 if status.is_success() {
                     Outcome {
                         status: Some(status.as_u16()),
@@ -104,7 +115,11 @@ impl Sender {
                         retry_after: None,
                     }
                 } else {
-                    fail(Some(status.as_u16()), format!("HTTP {status}"), retry_after)
+                    let error = match excerpt_text(&excerpt) {
+                        Some(text) => format!("HTTP {status}: {text}"),
+                        None => format!("HTTP {status}"),
+                    };
+                    fail(Some(status.as_u16()), error, retry_after)
                 }
             }
             Err(e) => {
@@ -119,6 +134,35 @@ impl Sender {
             }
         }
     }
+}
+
+/// Reads at most [`MAX_RESPONSE_BYTES`] of a response's body, chunk by chunk, and drops the
+/// rest unread (the connection is closed rather than drained); a body that fails, or is still
+/// coming at `deadline`, keeps what was read.
+async fn read_capped(mut resp: reqwest::Response, deadline: tokio::time::Instant) -> Vec<u8> {
+    let mut out = Vec::new();
+    while out.len() < MAX_RESPONSE_BYTES {
+        match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => {
+                let room = MAX_RESPONSE_BYTES - out.len();
+                out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(Ok(None) | Err(_)) | Err(_) => break,
+        }
+    }
+    out
+}
+
+/// What of a failed answer's body goes into the delivery log: at most
+/// [`MAX_ERROR_EXCERPT_CHARS`] characters, one line, control characters replaced.
+fn excerpt_text(body: &[u8]) -> Option<String> {
+    let text: String = String::from_utf8_lossy(body)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_ERROR_EXCERPT_CHARS)
+        .collect();
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    (!text.is_empty()).then_some(text)
 }
 
 /// The innermost error's text (reqwest's own message repeats the URL).
