@@ -58,6 +58,9 @@ struct Inner {
     webhooks: WebhookSettings,
     /// The webhook HTTP client, or why it could not be built.
     sender: Result<Arc<Sender>, String>,
+    /// `object_store.url`: jobs without a checkpoint URI of their own keep theirs under
+    /// `<url>/jobs/<id>`, and agents' checkpoint reports must stay under it.
+    object_store_url: String,
 }
 
 impl AppState {
@@ -75,6 +78,9 @@ impl AppState {
                 sender: Sender::new(&WebhookSettings::default())
                     .map(Arc::new)
                     .map_err(|e| e.to_string()),
+                // Until `with_object_store`, no job without a URI of its own has a prefix
+                // (its reports are refused).
+                object_store_url: String::new(),
             }),
         }
     }
@@ -94,6 +100,18 @@ impl AppState {
             inner.sender = Ok(sender);
         }
         self
+    }
+
+    /// Sets the object store jobs' checkpoints go to by default (before the state is shared).
+    pub fn with_object_store(mut self, url: &str) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.object_store_url = url.to_owned();
+        }
+        self
+    }
+
+    pub fn object_store_url(&self) -> &str {
+        &self.inner.object_store_url
     }
 
     pub fn webhook_settings(&self) -> &WebhookSettings {
