@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{CheckpointError, CheckpointMeta, CheckpointStore, UploadConfig};
 use crate::client::{ClientError, ControlPlane};
+use crate::isolation::{self, Isolation, IsolationError, RunAs, UidPool};
 use crate::mig::{self, MigControl};
 use crate::notice::{self, NoticeSource, NoticeView};
 use crate::telemetry::TelemetrySource;
@@ -52,6 +53,11 @@ pub struct AgentConfig {
     pub checkpoint_timeout: Duration,
     /// Grace period of the workloads stopped by a drain.
     pub drain_grace: Duration,
+    /// Who replicas run as (a user of their own per job by default).
+    pub isolation: Isolation,
+    /// The range the jobs' users are taken from (with [`Isolation::User`]).
+    pub workload_uid_base: u32,
+    pub workload_uid_count: u32,
     /// Overrides of what the control plane says (tests).
     pub heartbeat_interval: Option<Duration>,
     pub notice_poll_interval: Option<Duration>,
@@ -68,6 +74,9 @@ impl AgentConfig {
             deadline_margin: Duration::from_secs(3),
             checkpoint_timeout: Duration::from_secs(600),
             drain_grace: Duration::from_secs(30),
+            isolation: Isolation::User,
+            workload_uid_base: isolation::DEFAULT_UID_BASE,
+            workload_uid_count: isolation::DEFAULT_UID_COUNT,
             heartbeat_interval: None,
             notice_poll_interval: None,
         }
@@ -96,6 +105,8 @@ pub enum AgentError {
     BadToken(PathBuf),
     #[error("registration refused: {0}")]
     Refused(ClientError),
+    #[error(transparent)]
+    Isolation(#[from] IsolationError),
 }
 
 /// The node credential as kept in the work directory (mode 0600).
@@ -160,9 +171,42 @@ struct Ctx {
     signal: Signal,
     clock: Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>,
     events: mpsc::UnboundedSender<Event>,
+    /// The jobs' users; `None` under [`Isolation::None`].
+    users: Option<Arc<std::sync::Mutex<UidPool>>>,
 }
 
+/// The agent as the owner of what it takes back from workloads (it is root when it isolates).
+const AGENT: RunAs = RunAs { uid: 0, gid: 0 };
+
 impl Ctx {
+    fn job_dir(&self, job: JobId) -> PathBuf {
+        self.cfg.work_dir.join("jobs").join(job.to_string())
+    }
+
+    /// The user a new replica of `job` runs as.
+    fn acquire_user(&self, job: JobId) -> Result<Option<RunAs>, IsolationError> {
+        let Some(users) = &self.users else {
+            return Ok(None);
+        };
+        let mut pool = users.lock().unwrap_or_else(|p| p.into_inner());
+        pool.acquire(job).map(Some)
+    }
+
+    /// A replica of `job` has ended; after its last one, its user is cleared away.
+    async fn release_user(&self, job: JobId) {
+        let Some(users) = &self.users else {
+            return;
+        };
+        let freed = users
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release(job);
+        if let Some(uid) = freed {
+            let dir = self.job_dir(job);
+            let _ = tokio::task::spawn_blocking(move || isolation::reclaim(uid, &dir, AGENT)).await;
+        }
+    }
+
     fn now(&self) -> DateTime<Utc> {
         (self.clock)()
     }
@@ -346,8 +390,30 @@ pub async fn run(
     deps: Deps,
     cancel: CancellationToken,
 ) -> Result<(), AgentError> {
-    std::fs::create_dir_all(&cfg.work_dir)
-        .map_err(io(format!("creating {}", cfg.work_dir.display())))?;
+    // Workloads may pass through the work directory to their own folders, but list nothing
+    // and read none of the agent's files.
+    isolation::create_dirs(&cfg.work_dir.join("jobs"), 0o711)?;
+    isolation::set_mode(&cfg.work_dir, 0o711)?;
+    isolation::set_mode(&cfg.work_dir.join("jobs"), 0o711)?;
+    for f in [CREDENTIAL_FILE, DONE_FILE] {
+        let p = cfg.work_dir.join(f);
+        if p.exists() {
+            isolation::set_mode(&p, 0o600)?;
+        }
+    }
+    let users = match cfg.isolation {
+        Isolation::User => {
+            isolation::check_can_isolate(&cfg.work_dir)?;
+            let pool = UidPool::new(cfg.workload_uid_base, cfg.workload_uid_count)?;
+            Some(Arc::new(std::sync::Mutex::new(pool)))
+        }
+        Isolation::None => {
+            tracing::warn!(
+                "--workload-isolation none: replicas run as the agent's own user and can read its credential; only for a node given to one team"
+            );
+            None
+        }
+    };
     let (cp, node_id, hb_interval, poll_interval, signal) =
         register(&cfg, deps.notices.as_ref(), &cancel).await?;
 
@@ -370,6 +436,7 @@ pub async fn run(
         signal,
         clock: deps.clock.clone(),
         events: events_tx,
+        users,
     };
     let done = load_done(&ctx.cfg.work_dir);
     let mut rt = Runtime {
@@ -485,7 +552,7 @@ impl Runtime {
                     self.done.pop_front();
                 }
                 if let Ok(b) = serde_json::to_vec(&self.done)
-                    && let Err(e) = std::fs::write(self.ctx.cfg.work_dir.join(DONE_FILE), b)
+                    && let Err(e) = write_private(&self.ctx.cfg.work_dir.join(DONE_FILE), &b)
                 {
                     tracing::warn!(error = %e, "cannot remember completed commands");
                 }
@@ -858,13 +925,22 @@ struct StartSpec {
 /// Restores the replica's checkpoint (the one named, else the latest durable one), starts
 /// the workload and its actor. Returns a message for the command's result.
 async fn start_replica(ctx: &Ctx, s: StartSpec) -> Result<String, String> {
+    let run_as = ctx.acquire_user(s.job_id).map_err(|e| e.to_string())?;
+    let job_id = s.job_id;
+    let started = start_as(ctx, s, run_as).await;
+    if started.is_err() {
+        ctx.release_user(job_id).await;
+    }
+    started
+}
+
+async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<String, String> {
     let base = ctx
-        .cfg
-        .work_dir
-        .join("jobs")
-        .join(s.job_id.to_string())
+        .job_dir(s.job_id)
         .join(format!("replica-{}", s.replica))
         .join(format!("attempt-{}", s.attempt));
+    // The agent's folders down to the attempt: searchable, never writable by the workload.
+    isolation::create_dirs(&base, 0o711).map_err(|e| e.to_string())?;
     let store = CheckpointStore::open(&s.checkpoint_uri, &ctx.cfg.store_options)
         .map_err(|e| e.to_string())?;
     let resume = base.join("resume");
@@ -881,6 +957,16 @@ async fn start_replica(ctx: &Ctx, s: StartSpec) -> Result<String, String> {
             .await
             .map_err(|e| format!("restoring the latest checkpoint: {e}"))?,
     };
+    if restored.is_some() {
+        let r = resume.clone();
+        tokio::task::spawn_blocking(move || match run_as {
+            Some(user) => isolation::hand_over(&r, user),
+            None => isolation::set_mode(&r, 0o700),
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    }
     let launch = Launch {
         job_id: s.job_id,
         replica: s.replica,
@@ -891,8 +977,11 @@ async fn start_replica(ctx: &Ctx, s: StartSpec) -> Result<String, String> {
         devices: s.devices,
         checkpoint_dir: base.join("checkpoint"),
         resume_dir: restored.as_ref().map(|_| resume.clone()),
+        home_dir: Some(base.join("home")),
+        tmp_dir: Some(base.join("tmp")),
         signal: ctx.signal,
         log: Some(base.join("output.log")),
+        run_as,
     };
     let workload = Workload::start(&launch).map_err(|e| e.to_string())?;
     let pid = workload.pid();
@@ -905,7 +994,11 @@ async fn start_replica(ctx: &Ctx, s: StartSpec) -> Result<String, String> {
         store,
         last_durable: None,
     };
-    tokio::spawn(actor.run(workload, rx));
+    let owner = ctx.clone();
+    tokio::spawn(async move {
+        actor.run(workload, rx).await;
+        owner.release_user(key.0).await;
+    });
     ctx.event(Event::Started {
         key,
         replica: Replica {
@@ -924,6 +1017,16 @@ async fn start_replica(ctx: &Ctx, s: StartSpec) -> Result<String, String> {
         ),
         None => format!("started pid {pid}"),
     })
+}
+
+/// Runs a folder's change of owner off the runtime's threads.
+async fn blocking_isolation(
+    f: impl FnOnce() -> Result<(), IsolationError> + Send + 'static,
+) -> Result<(), String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Owns one replica's process.
@@ -999,20 +1102,44 @@ impl Actor {
                     checkpoint_id: req.checkpoint_id,
                     created_at: started_at,
                 };
-                let up = self
-                    .store
-                    .upload(w.checkpoint_dir(), meta, self.ctx.cfg.upload, deadline)
-                    .await;
+                // The folder is the agent's while it is read: the workload can no longer
+                // swap a file for a link to something only the agent may read.
+                let frozen = match w.run_as() {
+                    Some(user) => blocking_isolation({
+                        let dir = w.checkpoint_dir().to_owned();
+                        move || isolation::take_back(&dir, AGENT, Some(user.uid))
+                    })
+                    .await
+                    .map_err(|e| (CheckpointOutcome::Failed, e)),
+                    None => Ok(()),
+                };
+                let up = match frozen {
+                    Ok(()) => match self
+                        .store
+                        .upload(w.checkpoint_dir(), meta, self.ctx.cfg.upload, deadline)
+                        .await
+                    {
+                        Ok(u) => Ok(u),
+                        Err(e @ CheckpointError::Deadline { .. }) => {
+                            Err((CheckpointOutcome::MissedDeadline, e.to_string()))
+                        }
+                        Err(e) => Err((CheckpointOutcome::Failed, e.to_string())),
+                    },
+                    Err(e) => Err(e),
+                };
+                if let Some(user) = w.run_as()
+                    && let Err(e) = blocking_isolation({
+                        let dir = w.checkpoint_dir().to_owned();
+                        move || isolation::hand_over(&dir, user)
+                    })
+                    .await
+                {
+                    tracing::error!(error = %e, "cannot hand the checkpoint folder back to the workload");
+                }
                 if let Err(e) = w.release_checkpoint() {
                     tracing::warn!(error = %e, "cannot remove the checkpoint marker");
                 }
-                match up {
-                    Ok(u) => Ok(u),
-                    Err(e @ CheckpointError::Deadline { .. }) => {
-                        Err((CheckpointOutcome::MissedDeadline, e.to_string()))
-                    }
-                    Err(e) => Err((CheckpointOutcome::Failed, e.to_string())),
-                }
+                up
             }
         };
         let finished_at = self.ctx.now();

@@ -325,8 +325,13 @@ pub async fn upload(args: UploadBenchArgs) -> anyhow::Result<()> {
             devices: Vec::new(),
             checkpoint_dir: dir.clone(),
             resume_dir: None,
+            home_dir: None,
+            tmp_dir: None,
             signal: Signal::SIGUSR1,
             log: None,
+            // The benchmark measures the upload path, not isolation (which adds two walks of
+            // the folder's entries, no copy).
+            run_as: None,
         };
         let mut w = Workload::start(&launch)?;
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -9,6 +9,7 @@
 //! - [`agent`]: the main loop (registration, heartbeats, commands, notices);
 //! - [`notice`]: the clouds' metadata services, behind [`notice::NoticeSource`];
 //! - [`workload`]: one replica's process and the workload contract;
+//! - [`isolation`]: the workloads' users and what they can reach;
 //! - [`checkpoint`]: upload, find and restore checkpoints with object_store;
 //! - [`telemetry`]: NVML readings named after DCGM fields; [`mig`]: MIG re-layouts;
 //! - [`inventory`]: the node's GPUs; [`client`]: the control plane's agent API;
@@ -19,6 +20,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod client;
 pub mod inventory;
+pub mod isolation;
 pub mod mig;
 pub mod notice;
 pub mod telemetry;

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use spotplane_agent::agent::{AgentConfig, Deps};
 use spotplane_agent::checkpoint::UploadConfig;
+use spotplane_agent::isolation::Isolation;
 use spotplane_agent::notice::{CloudKind, ReqwestMetadata, source_for};
 use spotplane_agent::telemetry::NvmlTelemetry;
 use spotplane_core::agent::PROTOCOL_VERSION;
@@ -85,6 +86,18 @@ struct RunArgs {
     /// Grace period of replicas stopped by a drain (SIGTERM, then SIGKILL).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     drain_grace: Duration,
+    /// Who replicas run as: `user`, a user of their own per job (needs root), or `none`,
+    /// the agent's own user (which lets them read its credential: only for a node given to
+    /// one team).
+    #[arg(long, value_enum, default_value_t = Isolation::User, env = "SPOTPLANE_WORKLOAD_ISOLATION")]
+    workload_isolation: Isolation,
+    /// The first uid (and gid) of the range the jobs' users are taken from. No account may
+    /// use the range.
+    #[arg(long, default_value_t = spotplane_agent::isolation::DEFAULT_UID_BASE)]
+    workload_uid_base: u32,
+    /// How many uids the range holds (at most this many jobs at once on the node).
+    #[arg(long, default_value_t = spotplane_agent::isolation::DEFAULT_UID_COUNT)]
+    workload_uid_count: u32,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -136,6 +149,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     cfg.deadline_margin = args.deadline_margin;
     cfg.drain_grace = args.drain_grace;
+    cfg.isolation = args.workload_isolation;
+    cfg.workload_uid_base = args.workload_uid_base;
+    cfg.workload_uid_count = args.workload_uid_count;
     let deps = Deps {
         notices,
         telemetry: Box::new(NvmlTelemetry::new()),

@@ -12,6 +12,12 @@
 //! | `SPOTPLANE_RESUME_DIR` | set only when resuming: the restored, verified checkpoint |
 //! | `SPOTPLANE_JOB_ID`, `SPOTPLANE_REPLICA`, `SPOTPLANE_ATTEMPT`, `SPOTPLANE_NODE_ID` | who it is |
 //! | `CUDA_VISIBLE_DEVICES` | its GPUs (indices) or MIG device (UUID), when it has any |
+//! | `HOME`, `TMPDIR` | folders of its own (unless the job's env sets them) |
+//! | `PATH` | [`SAFE_PATH`] (unless the job's env sets it) |
+//!
+//! and the job's own `env`; nothing of the agent's environment. With a [`RunAs`] it runs as
+//! that uid and gid with no supplementary groups, and its folders are that user's, mode 0700
+//! (see [`crate::isolation`]).
 //!
 //! On the signal, the workload writes its checkpoint under `SPOTPLANE_CHECKPOINT_DIR`, then
 //! creates the marker file. From then until the marker is gone again (the agent removes it when
@@ -31,8 +37,12 @@ use nix::unistd::Pid;
 use spotplane_core::{JobId, NodeId};
 use tokio::process::{Child, Command};
 
+use crate::isolation::{self, IsolationError, RunAs};
+
 /// The marker's file name inside the checkpoint directory.
 pub const MARKER: &str = ".spotplane-checkpoint-complete";
+/// `PATH` of a workload whose job sets none.
+pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How often the agent looks for the marker.
 const MARKER_POLL: Duration = Duration::from_millis(20);
 
@@ -49,15 +59,22 @@ pub struct Launch {
     pub devices: Vec<String>,
     pub checkpoint_dir: PathBuf,
     pub resume_dir: Option<PathBuf>,
+    /// `HOME` and `TMPDIR`, created for it (private to its user).
+    pub home_dir: Option<PathBuf>,
+    pub tmp_dir: Option<PathBuf>,
     pub signal: Signal,
-    /// Where stdout and stderr go; inherited when `None`.
+    /// Where stdout and stderr go (a file only the agent reads); inherited when `None`.
     pub log: Option<PathBuf>,
+    /// The user it runs as; the agent's own when `None`.
+    pub run_as: Option<RunAs>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
     #[error("the command is empty")]
     EmptyCommand,
+    #[error(transparent)]
+    Isolation(#[from] IsolationError),
     #[error("cannot start {program:?}: {source}")]
     Spawn {
         program: String,
@@ -129,20 +146,28 @@ pub struct Workload {
     pid: Pid,
     checkpoint_dir: PathBuf,
     signal: Signal,
+    run_as: Option<RunAs>,
     exit: Option<ExitInfo>,
 }
 
 impl Workload {
-    /// Starts the command in a process group of its own, with the contract's environment.
+    /// Starts the command in a process group of its own, as its user, with the contract's
+    /// environment only.
     pub fn start(l: &Launch) -> Result<Workload, WorkloadError> {
         let (program, args) = l.command.split_first().ok_or(WorkloadError::EmptyCommand)?;
-        std::fs::create_dir_all(&l.checkpoint_dir).map_err(|source| WorkloadError::Io {
-            what: format!("creating {}", l.checkpoint_dir.display()),
-            source,
-        })?;
+        for dir in std::iter::once(&l.checkpoint_dir).chain(&l.home_dir).chain(&l.tmp_dir) {
+            isolation::private_dir(dir, l.run_as)?;
+        }
         let marker = l.checkpoint_dir.join(MARKER);
         remove_if_present(&marker)?;
         let mut cmd = Command::new(program);
+        cmd.env_clear().env("PATH", SAFE_PATH);
+        if let Some(h) = &l.home_dir {
+            cmd.env("HOME", h);
+        }
+        if let Some(t) = &l.tmp_dir {
+            cmd.env("TMPDIR", t);
+        }
         cmd.args(args)
             .envs(&l.env)
             .env("SPOTPLANE_CHECKPOINT_DIR", &l.checkpoint_dir)
@@ -152,9 +177,15 @@ impl Workload {
             .env("SPOTPLANE_REPLICA", l.replica.to_string())
             .env("SPOTPLANE_ATTEMPT", l.attempt.to_string())
             .env_remove("SPOTPLANE_RESUME_DIR")
+            .env_remove("SPOTPLANE_NODE_ID")
+            .env_remove("CUDA_VISIBLE_DEVICES")
             .stdin(Stdio::null())
             .process_group(0)
             .kill_on_drop(true);
+        // std drops the supplementary groups (setgroups(0)) when a root parent sets a uid.
+        if let Some(r) = l.run_as {
+            cmd.uid(r.uid).gid(r.gid);
+        }
         if let Some(n) = l.node_id {
             cmd.env("SPOTPLANE_NODE_ID", n.to_string());
         }
@@ -165,15 +196,14 @@ impl Workload {
             cmd.env("CUDA_VISIBLE_DEVICES", l.devices.join(","));
         }
         if let Some(log) = &l.log {
+            use std::os::unix::fs::OpenOptionsExt;
             if let Some(dir) = log.parent() {
-                std::fs::create_dir_all(dir).map_err(|source| WorkloadError::Io {
-                    what: format!("creating {}", dir.display()),
-                    source,
-                })?;
+                isolation::create_dirs(dir, 0o711)?;
             }
             let out = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
+                .mode(0o600)
                 .open(log)
                 .map_err(|source| WorkloadError::Io {
                     what: format!("opening {}", log.display()),
@@ -186,7 +216,13 @@ impl Workload {
             cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err));
         }
         let child = cmd.spawn().map_err(|source| WorkloadError::Spawn {
-            program: program.clone(),
+            program: match (l.run_as, source.kind()) {
+                (Some(r), std::io::ErrorKind::PermissionDenied) => format!(
+                    "{program} (as uid {}: the program and the folders above it must be readable and searchable by others)",
+                    r.uid
+                ),
+                _ => program.clone(),
+            },
             source,
         })?;
         let pid = child
@@ -202,6 +238,7 @@ impl Workload {
             pid,
             checkpoint_dir: l.checkpoint_dir.clone(),
             signal: l.signal,
+            run_as: l.run_as,
             exit: None,
         })
     }
@@ -212,6 +249,11 @@ impl Workload {
 
     pub fn checkpoint_dir(&self) -> &Path {
         &self.checkpoint_dir
+    }
+
+    /// The user it runs as (`None`: the agent's).
+    pub fn run_as(&self) -> Option<RunAs> {
+        self.run_as
     }
 
     /// The exit, if the process has ended (without waiting).
@@ -326,9 +368,96 @@ mod tests {
             devices: vec!["0".into(), "1".into()],
             checkpoint_dir: dir.join("ckpt"),
             resume_dir: None,
+            home_dir: Some(dir.join("home")),
+            tmp_dir: Some(dir.join("tmp")),
             signal: Signal::SIGUSR1,
             log: Some(dir.join("log.txt")),
+            run_as: None,
         }
+    }
+
+    #[tokio::test]
+    async fn the_workload_sees_the_contract_and_its_env_and_nothing_of_the_agents() {
+        let dir = tempfile::tempdir().expect("tmp");
+        // The test runner's environment is the agent's here: none of it may reach the workload.
+        let agent_vars: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .collect();
+        assert!(!agent_vars.is_empty());
+        let mut l = launch(dir.path(), "");
+        // Not through bash, which adds variables of its own.
+        l.command = vec!["env".into(), "-0".into()];
+        l.node_id = Some(NodeId(uuid::Uuid::now_v7()));
+        let mut w = Workload::start(&l).expect("start");
+        assert_eq!(w.wait().await.code, 0);
+        let out = std::fs::read(dir.path().join("log.txt")).expect("log");
+        let seen: BTreeMap<String, String> = out
+            .split(|b| *b == 0)
+            .filter(|v| !v.is_empty())
+            .filter_map(|v| {
+                let v = String::from_utf8_lossy(v);
+                v.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned()))
+            })
+            .collect();
+        let names: Vec<&str> = seen.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "CUDA_VISIBLE_DEVICES",
+                "EXTRA",
+                "HOME",
+                "PATH",
+                "SPOTPLANE_ATTEMPT",
+                "SPOTPLANE_CHECKPOINT_DIR",
+                "SPOTPLANE_CHECKPOINT_MARKER",
+                "SPOTPLANE_CHECKPOINT_SIGNAL",
+                "SPOTPLANE_JOB_ID",
+                "SPOTPLANE_NODE_ID",
+                "SPOTPLANE_REPLICA",
+                "TMPDIR",
+            ]
+        );
+        assert_eq!(seen["PATH"], SAFE_PATH);
+        assert_eq!(seen["HOME"], dir.path().join("home").display().to_string());
+        // The job's own env wins over the defaults.
+        let mut l = launch(dir.path(), "echo \"$PATH|$HOME\"");
+        l.env.insert("PATH".into(), "/opt/job/bin:/usr/bin:/bin".into());
+        l.env.insert("HOME".into(), "/job-home".into());
+        l.log = Some(dir.path().join("log2.txt"));
+        let mut w = Workload::start(&l).expect("start");
+        assert_eq!(w.wait().await.code, 0);
+        let out = std::fs::read_to_string(dir.path().join("log2.txt")).expect("log");
+        assert_eq!(out.trim(), "/opt/job/bin:/usr/bin:/bin|/job-home");
+    }
+
+    #[tokio::test]
+    async fn a_workload_with_a_user_runs_as_it_without_groups_in_folders_of_its_own() {
+        if crate::isolation::effective_uid().ok() != Some(0) {
+            eprintln!("skipped: needs root to run a workload as another user");
+            return;
+        }
+        let tmp = tempfile::tempdir().expect("tmp");
+        crate::isolation::set_mode(tmp.path(), 0o711).expect("chmod");
+        let mut l = launch(
+            tmp.path(),
+            "echo \"$(id -u) $(id -g) [$(grep Groups: /proc/self/status | cut -f2 | tr -d ' ')]\"; cat /proc/1/environ > /dev/null 2>&1 && echo read-pid-1; true",
+        );
+        l.run_as = Some(RunAs {
+            uid: 200_555,
+            gid: 200_555,
+        });
+        let mut w = Workload::start(&l).expect("start");
+        assert_eq!(w.wait().await.code, 0);
+        let out = std::fs::read_to_string(tmp.path().join("log.txt")).expect("log");
+        // No supplementary groups (root's would be 0), and pid 1's environment unreadable.
+        assert_eq!(out.trim(), "200555 200555 []");
+        use std::os::unix::fs::MetadataExt;
+        for d in ["ckpt", "home", "tmp"] {
+            let m = std::fs::metadata(tmp.path().join(d)).expect("meta");
+            assert_eq!((m.uid(), m.mode() & 0o777), (200_555, 0o700), "{d}");
+        }
+        let log = std::fs::metadata(tmp.path().join("log.txt")).expect("meta");
+        assert_eq!((log.uid(), log.mode() & 0o777), (0, 0o600));
     }
 
     #[test]

@@ -21,8 +21,6 @@ use spotplane_core::{JobId, NodeId};
 use stubs::{ControlPlaneStub, ImdsStub, eventually};
 use tokio_util::sync::CancellationToken;
 
-const EXAMPLE: &str = env!("CARGO_BIN_EXE_spotplane-example-train");
-
 struct RunningAgent {
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<()>,
@@ -39,6 +37,9 @@ async fn start_agent(cp: &ControlPlaneStub, imds_url: &str, dir: &Path) -> Runni
     )
     .expect("token file");
     let mut cfg = AgentConfig::new(&cp.url, &token_file, &dir.join("work"));
+    cfg.isolation = stubs::isolation();
+    cfg.workload_uid_base = stubs::uid_base();
+    cfg.workload_uid_count = 10_000;
     cfg.heartbeat_interval = Some(Duration::from_millis(200));
     cfg.notice_poll_interval = Some(Duration::from_millis(100));
     cfg.deadline_margin = Duration::from_secs(1);
@@ -64,9 +65,9 @@ async fn start_agent(cp: &ControlPlaneStub, imds_url: &str, dir: &Path) -> Runni
     RunningAgent { cancel, task, node }
 }
 
-fn start_command(job: JobId, attempt: u32, store: &str) -> serde_json::Value {
+fn start_command(tmp: &Path, job: JobId, attempt: u32, store: &str) -> serde_json::Value {
     json!({"type": "start", "job_id": job, "replica": 0, "attempt": attempt,
-        "command": [EXAMPLE], "env": {"TRAIN_STEP_MS": "20", "TRAIN_WEIGHTS_BYTES": "3000000"},
+        "command": [stubs::example(tmp)], "env": {"TRAIN_STEP_MS": "20", "TRAIN_WEIGHTS_BYTES": "3000000"},
         "devices": [], "checkpoint_uri": store})
 }
 
@@ -91,7 +92,7 @@ fn last_step(log: &str, word: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notice_checkpoint_upload_and_resume_on_another_node_at_the_saved_step() {
-    let tmp = tempfile::tempdir().expect("tmp");
+    let tmp = stubs::node_dir();
     let store = format!("file://{}/bucket/jobs/train", tmp.path().display());
     let cp = ControlPlaneStub::start().await;
     let imds = ImdsStub::start().await;
@@ -101,7 +102,7 @@ async fn notice_checkpoint_upload_and_resume_on_another_node_at_the_saved_step()
     let dir_a = tmp.path().join("a");
     let a = start_agent(&cp, &imds.url, &dir_a).await;
     eventually("node A registers", || cp.registered(a.node).then_some(())).await;
-    cp.queue(a.node, start_command(job, 0, &store));
+    cp.queue(a.node, start_command(tmp.path(), job, 0, &store));
     eventually("the job runs on A", || {
         (cp.replica_phase(a.node, job) == Some(ReplicaPhase::Running)).then_some(())
     })
@@ -139,7 +140,7 @@ async fn notice_checkpoint_upload_and_resume_on_another_node_at_the_saved_step()
     let dir_b = tmp.path().join("b");
     let b = start_agent(&cp, &imds_url_without_notice().await, &dir_b).await;
     eventually("node B registers", || cp.registered(b.node).then_some(())).await;
-    let start = cp.queue(b.node, start_command(job, 1, &store));
+    let start = cp.queue(b.node, start_command(tmp.path(), job, 1, &store));
     let result = eventually("B reports the start", || cp.result(start)).await;
     assert!(result.ok, "{result:?}");
     assert!(
@@ -188,7 +189,7 @@ async fn imds_url_without_notice() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_uses_its_saved_credential_and_a_spent_bootstrap_token_is_not_needed() {
-    let tmp = tempfile::tempdir().expect("tmp");
+    let tmp = stubs::node_dir();
     let cp = ControlPlaneStub::start().await;
     let imds = ImdsStub::start().await;
     let dir = tmp.path().join("n");
@@ -207,6 +208,9 @@ async fn a_restarted_agent_uses_its_saved_credential_and_a_spent_bootstrap_token
     std::fs::remove_file(dir.join("bootstrap-token")).expect("rm");
     std::fs::write(dir.join("bootstrap-token"), "").expect("empty");
     let mut cfg = AgentConfig::new(&cp.url, &dir.join("bootstrap-token"), &dir.join("work"));
+    cfg.isolation = stubs::isolation();
+    cfg.workload_uid_base = stubs::uid_base();
+    cfg.workload_uid_count = 10_000;
     cfg.heartbeat_interval = Some(Duration::from_millis(200));
     let cancel = CancellationToken::new();
     let c = cancel.clone();
@@ -230,7 +234,7 @@ async fn a_restarted_agent_uses_its_saved_credential_and_a_spent_bootstrap_token
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_that_cannot_make_the_deadline_is_reported_missed_and_the_previous_one_stays()
 {
-    let tmp = tempfile::tempdir().expect("tmp");
+    let tmp = stubs::node_dir();
     let store = format!("file://{}/bucket/jobs/late", tmp.path().display());
     let cp = ControlPlaneStub::start().await;
     let imds = ImdsStub::start().await;
@@ -238,7 +242,7 @@ async fn a_checkpoint_that_cannot_make_the_deadline_is_reported_missed_and_the_p
     let dir = tmp.path().join("n");
     let a = start_agent(&cp, &imds.url, &dir).await;
     eventually("registers", || cp.registered(a.node).then_some(())).await;
-    cp.queue(a.node, start_command(job, 0, &store));
+    cp.queue(a.node, start_command(tmp.path(), job, 0, &store));
     eventually("runs", || {
         (cp.replica_phase(a.node, job) == Some(ReplicaPhase::Running)).then_some(())
     })

@@ -318,7 +318,8 @@ impl World {
         // from its own last periodic checkpoint (skypilot-org/skypilot#5041: notices are not
         // passed to the job).
         let notices = policy != PlanPolicy::CheapestSpot || spec.baseline_hears_notices;
-        let mut agents = SimAgents::new(store.clone(), Arc::clone(&providers));
+        let root = format!("file://{}", objects.display());
+        let mut agents = SimAgents::new(store.clone(), Arc::clone(&providers), &root);
         if !notices {
             agents = agents.without_notices();
         }
@@ -327,7 +328,7 @@ impl World {
             shared,
             notices.then(|| Arc::clone(&providers)),
             config.recovery.settings(),
-            format!("file://{}", objects.display()),
+            root,
         );
         Ok(World {
             store,

@@ -91,7 +91,8 @@ impl Server {
             Arc::new(Sender::new(&config.webhooks).context("building the webhook HTTP client")?);
         let state = AppState::new(store.clone(), clock.clone(), metrics, &config.server)
             .with_finance(config.finance.clone())
-            .with_webhooks(config.webhooks.clone(), sender.clone());
+            .with_webhooks(config.webhooks.clone(), sender.clone())
+            .with_object_store(&config.object_store.url);
         let listener =
             tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
                 .await

@@ -85,6 +85,8 @@ struct Agent {
 pub struct SimAgents {
     store: Store,
     providers: Arc<Providers>,
+    /// `object_store.url`, which checkpoint reports are checked against.
+    object_store: String,
     /// Work each job needs, per replica, in hours.
     work: HashMap<JobId, f64>,
     /// How long a checkpoint takes to become durable.
@@ -112,10 +114,11 @@ fn local(uri: &str) -> Option<PathBuf> {
 }
 
 impl SimAgents {
-    pub fn new(store: Store, providers: Arc<Providers>) -> Self {
+    pub fn new(store: Store, providers: Arc<Providers>, object_store: &str) -> Self {
         SimAgents {
             store,
             providers,
+            object_store: object_store.to_owned(),
             work: HashMap::new(),
             checkpoint_time: Duration::seconds(20),
             agents: BTreeMap::new(),
@@ -328,7 +331,11 @@ impl SimAgents {
             reports.push(report);
         }
         for report in reports {
-            match self.store.record_checkpoint(node, &report, now).await {
+            match self
+                .store
+                .record_checkpoint(node, &report, &self.object_store, now)
+                .await
+            {
                 Ok(_) | Err(StoreError::NotFound(_) | StoreError::Conflict(_)) => {}
                 Err(e) => return Err(e),
             }

@@ -17,6 +17,7 @@ on_both_databases!(
     checkpoint_reports_record_durable_and_missed_checkpoints,
     a_mig_layout_result_records_the_layout_the_gpu_has_now,
     bad_agent_input_gets_a_problem_naming_the_field,
+    a_checkpoint_report_outside_the_jobs_prefix_is_refused,
 );
 
 fn new_node(name: &str) -> NewNode {
@@ -596,7 +597,8 @@ async fn a_notice_in_a_heartbeat_drains_the_node_with_its_deadline(backend: Back
     srv.stop().await;
 }
 
-/// A job of team alpha admitted onto `node` (attempt 0, one replica).
+/// A job of team alpha admitted onto `node` (attempt 0, one replica), its checkpoints under
+/// `s3://ckpt/alpha`.
 async fn job_on(srv: &TestServer, node: NodeId) -> JobId {
     srv.team_with_token("alpha").await;
     let (s, v) = srv
@@ -604,7 +606,8 @@ async fn job_on(srv: &TestServer, node: NodeId) -> JobId {
             Method::POST,
             "/v1/jobs",
             Some(ADMIN_TOKEN),
-            Some(&json!({"name": "train", "team": "alpha", "shape": {"gpus": 1}, "command": ["python", "train.py"]})),
+            Some(&json!({"name": "train", "team": "alpha", "shape": {"gpus": 1}, "command": ["python", "train.py"],
+                "checkpoint": {"uri": "s3://ckpt/alpha"}})),
         )
         .await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
@@ -629,12 +632,75 @@ fn report(job: Value, checkpoint: &str, outcome: &str, sha: &str) -> Value {
     let at = chrono::Utc::now();
     // The first admission is attempt 1.
     json!({"job_id": job, "replica": 0, "attempt": 1, "checkpoint_id": checkpoint,
-        "uri": format!("s3://ckpt/jobs/{}/replica-0/{checkpoint}/manifest.json", job.as_str().unwrap_or_default()),
+        "uri": format!("s3://ckpt/alpha/replica-0/{checkpoint}/manifest.json"),
         "trigger": "notice", "outcome": outcome, "started_at": at, "finished_at": at,
         "message": if durable { Value::Null } else { json!("upload of 10 GiB could not finish before the deadline") },
         "manifest": if durable { json!({"job_id": job, "replica": 0, "checkpoint_id": checkpoint, "attempt": 1,
             "created_at": at, "total_bytes": 15,
             "files": [{"path": "state/step.json", "size": 15, "sha256": sha}]}) } else { Value::Null }})
+}
+
+/// A node may report checkpoints of its jobs, but only where the job's go: a durable
+/// checkpoint elsewhere would be the job's next resume point, in anyone's storage.
+async fn a_checkpoint_report_outside_the_jobs_prefix_is_refused(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let (id, cred) = registered(&srv, "n").await;
+    let job = job_on(&srv, id).await;
+    let sha = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    let c = uuid::Uuid::now_v7().to_string();
+    let other = uuid::Uuid::now_v7().to_string();
+    for uri in [
+        format!("s3://team-b/loot/replica-0/{c}/manifest.json"),
+        format!("s3://ckpt/alpha-b/replica-0/{c}/manifest.json"),
+        format!("s3://ckpt/alpha/../beta/replica-0/{c}/manifest.json"),
+        format!("s3://ckpt/alpha/%2e%2e/beta/replica-0/{c}/manifest.json"),
+        format!("gs://ckpt/alpha/replica-0/{c}/manifest.json"),
+        format!("s3://ckpt/alpha/replica-1/{c}/manifest.json"),
+        format!("s3://ckpt/alpha/replica-0/{other}/manifest.json"),
+        format!("s3://ckpt/alpha/replica-0/{c}/evil/manifest.json"),
+        "not a url".to_owned(),
+    ] {
+        let mut body = report(json!(job), &c, "durable", sha);
+        body["uri"] = json!(uri);
+        let (s, v) = srv
+            .call(
+                Method::POST,
+                "/v1/agent/checkpoints",
+                Some(&cred),
+                Some(&body),
+            )
+            .await;
+        assert_eq!(
+            (s, v["field"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("uri")),
+            "{uri}: {v}"
+        );
+        assert!(
+            v["errors"][0]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("s3://ckpt/alpha/replica-0/")),
+            "{v}"
+        );
+    }
+    assert!(
+        srv.store()
+            .latest_durable_checkpoint(job, 0)
+            .await
+            .expect("query")
+            .is_none(),
+        "nothing became a resume point"
+    );
+    // Where the job's checkpoints go, it is recorded.
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/checkpoints",
+            Some(&cred),
+            Some(&report(json!(job), &c, "durable", sha)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    srv.stop().await;
 }
 
 async fn checkpoint_reports_record_durable_and_missed_checkpoints(backend: Backend) {

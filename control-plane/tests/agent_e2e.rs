@@ -27,6 +27,52 @@ use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, MigLayout, NodeId};
 
 on_both_databases!(the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice);
 
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|u| u.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The agent's isolation flags: a user per job and a uid range of this agent's own when the
+/// test runs as root (agents side by side must not share the workloads' users); else the
+/// test's own user.
+fn isolation_args() -> Vec<String> {
+    if is_root() {
+        let base = 1_000_000 + (uuid::Uuid::now_v7().as_u128() as u32 % 100_000) * 10_000;
+        vec![
+            "--workload-uid-base".into(),
+            base.to_string(),
+            "--workload-uid-count".into(),
+            "10000".into(),
+        ]
+    } else {
+        eprintln!("not root: replicas run with --workload-isolation none");
+        vec!["--workload-isolation".into(), "none".into()]
+    }
+}
+
+/// A node's folder: searchable by the workloads' users (0711, as `/var/lib` is), with the
+/// example workload where they can run it (the target folder may be in a home only root may
+/// enter).
+fn node_dir(example: &Path) -> (tempfile::TempDir, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let to = bin.join("spotplane-example-train");
+    if std::fs::hard_link(example, &to).is_err() {
+        std::fs::copy(example, &to).expect("copy the example workload");
+    }
+    (tmp, to)
+}
+
 fn binary(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let path = exe.parent()?.parent()?.join(name);
@@ -115,7 +161,7 @@ async fn the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice(ba
         return;
     };
     let srv = TestServer::start(backend).await;
-    let tmp = tempfile::tempdir().expect("tmp");
+    let (tmp, example) = node_dir(&example);
     let node = NodeId(uuid::Uuid::now_v7());
     srv.store()
         .create_node(
@@ -168,6 +214,7 @@ async fn the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice(ba
         .args(["--metadata-url", &imds_url])
         .arg("--work-dir")
         .arg(tmp.path().join("work"))
+        .args(isolation_args())
         .env("RUST_LOG", "info")
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
@@ -249,13 +296,15 @@ async fn the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice(ba
 
     // A job placed on the node, started by command.
     srv.team_with_token("alpha").await;
+    let store_uri = format!("file://{}/bucket/alpha", tmp.path().display());
     let (_, j) = srv
         .call(
             Method::POST,
             "/v1/jobs",
             Some(ADMIN_TOKEN),
             Some(
-                &json!({"name": "train", "team": "alpha", "shape": {"gpus": 1}, "command": ["x"]}),
+                &json!({"name": "train", "team": "alpha", "shape": {"gpus": 1}, "command": ["x"],
+                    "checkpoint": {"uri": store_uri}}),
             ),
         )
         .await;
@@ -272,7 +321,6 @@ async fn the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice(ba
         )
         .await
         .expect("admitted");
-    let store_uri = format!("file://{}/bucket/jobs/{job}", tmp.path().display());
     let (s, cmd) = srv
         .call(
             Method::POST,
@@ -410,6 +458,11 @@ async fn the_agent_hears_each_simulated_clouds_notice_through_its_metadata_servi
             .await
             .expect("node");
         let tmp = tempfile::tempdir().expect("tmp");
+        std::fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .expect("chmod");
         let (_, v) = srv
             .call(
                 Method::POST,
@@ -439,6 +492,7 @@ async fn the_agent_hears_each_simulated_clouds_notice_through_its_metadata_servi
             ])
             .arg("--work-dir")
             .arg(tmp.path().join("work"))
+            .args(isolation_args())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .spawn()
@@ -497,5 +551,229 @@ async fn the_agent_hears_each_simulated_clouds_notice_through_its_metadata_servi
             .await;
         }
     }
+    srv.stop().await;
+}
+
+/// Issue 29's break-in, rerun: team A's and team B's jobs on one node with the real agent.
+/// B's job tries to read the agent's credential and A's secret from `/proc/*/environ`, and
+/// to look into A's folders; each fails. With the credential taken anyway (read here as
+/// root), a "durable" checkpoint of A's job pointing at B's storage is refused, so A's next
+/// attempt cannot be made to resume from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_teams_job_cannot_take_over_a_node_it_shares_with_another() {
+    if !is_root() {
+        eprintln!("skipped: needs root, to run the jobs as users of their own (CI runs as root)");
+        return;
+    }
+    let Some(agent_bin) = binary("spotplane-agent") else {
+        return;
+    };
+    let srv = TestServer::start(Backend::Sqlite).await;
+    let tmp = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .expect("chmod");
+    let work = tmp.path().join("work");
+    let node = NodeId(uuid::Uuid::now_v7());
+    let gpu = |_| NewGpu {
+        model: GpuModel::A10G,
+        memory_mib: 23_028,
+        mig_enabled: false,
+        mig_layout: MigLayout::empty(),
+    };
+    srv.store()
+        .create_node(
+            NewNode {
+                id: node,
+                name: "shared-1".into(),
+                cloud: Cloud::Aws,
+                region: "us-east-1".into(),
+                zone: "us-east-1a".into(),
+                instance_type: "g5.12xlarge".into(),
+                market: Market::Spot,
+                offer_id: None,
+                client_token: "ct-shared".into(),
+                hourly_price: Micros::parse_usd("1.2").expect("price"),
+                on_demand_price: Micros::parse_usd("5.6").expect("price"),
+                cpu_milli: 48_000,
+                memory_mib: 196_608,
+                gpus: (0..2).map(gpu).collect(),
+                labels: Default::default(),
+            },
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("node");
+    let (_, v) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{node}/bootstrap-token"),
+            Some(ADMIN_TOKEN),
+            Some(&json!({})),
+        )
+        .await;
+    let token_file = tmp.path().join("bootstrap-token");
+    std::fs::write(&token_file, v["token"].as_str().expect("token")).expect("write");
+    let imds_url = imds(Arc::default()).await;
+    let log = tmp.path().join("agent.log");
+    let out = std::fs::File::create(&log).expect("log");
+    let err = out.try_clone().expect("log");
+    let child = Command::new(&agent_bin)
+        .args(["run", "--control-plane", &srv.url, "--cloud", "aws"])
+        .arg("--bootstrap-token-file")
+        .arg(&token_file)
+        .args(["--metadata-url", &imds_url])
+        .arg("--work-dir")
+        .arg(&work)
+        .args(isolation_args())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .expect("agent starts");
+    let _agent = Agent(child);
+    until("the agent registers", &log, async || {
+        work.join("credential.json").exists().then_some(())
+    })
+    .await;
+
+    // Team A's job holds a secret in its environment; team B's job goes looking.
+    let secret = format!("a-secret-{}", uuid::Uuid::now_v7().simple());
+    let a_store = format!("file://{}/bucket/team-a", tmp.path().display());
+    let b_store = format!("file://{}/bucket/team-b", tmp.path().display());
+    let mut jobs = Vec::new();
+    for (team, store) in [("team-a", &a_store), ("team-b", &b_store)] {
+        srv.team_with_token(team).await;
+        let (s, j) = srv
+            .call(
+                Method::POST,
+                "/v1/jobs",
+                Some(ADMIN_TOKEN),
+                Some(&json!({"name": team, "team": team, "shape": {"gpus": 1}, "command": ["x"],
+                    "checkpoint": {"uri": store}})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{j}");
+        let job: JobId = j["id"].as_str().and_then(|s| s.parse().ok()).expect("job");
+        let replica_gpu = u32::try_from(jobs.len()).expect("small");
+        srv.store()
+            .admit_job(
+                job,
+                &[Placement {
+                    replica: 0,
+                    node,
+                    assigned: Assigned::Whole(vec![replica_gpu]),
+                }],
+                chrono::Utc::now(),
+            )
+            .await
+            .expect("admitted");
+        jobs.push(job);
+    }
+    let (job_a, job_b) = (jobs[0], jobs[1]);
+    let a_attempt = work.join(format!("jobs/{job_a}/replica-0/attempt-1"));
+    let probe = format!(
+        r#"W={work}; A={a}
+        echo "uid=$(id -u)"
+        cat "$W/credential.json" > /dev/null 2>&1 && echo STOLE-CREDENTIAL
+        for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f" 2> /dev/null; done | grep -q "^TEAM_A_SECRET=" && echo STOLE-SECRET
+        ls "$W/jobs" > /dev/null 2>&1 && echo LISTED-JOBS
+        cat "$A/output.log" > /dev/null 2>&1 && echo READ-A-LOG
+        ls "$A/checkpoint" > /dev/null 2>&1 && echo LISTED-A-CHECKPOINT
+        ls "$A/home" > /dev/null 2>&1 && echo LISTED-A-HOME
+        kill -0 $(pgrep -f "^a-sleeper") 2> /dev/null && echo CAN-SIGNAL-A
+        echo probe-done; exec sleep 600"#,
+        work = work.display(),
+        a = a_attempt.display(),
+    );
+    let starts = [
+        (
+            job_a,
+            &a_store,
+            json!(["bash", "-c", "exec -a a-sleeper sleep 600"]),
+            json!({"TEAM_A_SECRET": secret}),
+            "0",
+        ),
+        (job_b, &b_store, json!(["bash", "-c", probe]), json!({}), "1"),
+    ];
+    for (job, store, command, env, device) in starts {
+        let (s, cmd) = srv
+            .call(
+                Method::POST,
+                &format!("/v1/nodes/{node}/commands"),
+                Some(ADMIN_TOKEN),
+                Some(&json!({"type": "start", "job_id": job, "replica": 0, "attempt": 1,
+                    "command": command, "env": env, "devices": [device], "checkpoint_uri": store})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{cmd}");
+        if job == job_a {
+            until("A's job runs", &log, async || {
+                let (_, v) = srv
+                    .call(
+                        Method::GET,
+                        &format!("/v1/nodes/{node}/agent"),
+                        Some(ADMIN_TOKEN),
+                        None,
+                    )
+                    .await;
+                v["replicas"]
+                    .as_array()
+                    .and_then(|r| r.iter().find(|r| r["job_id"] == json!(job_a)))
+                    .filter(|r| r["phase"] == "running")
+                    .map(|_| ())
+            })
+            .await;
+        }
+    }
+    let b_log = work.join(format!("jobs/{job_b}/replica-0/attempt-1/output.log"));
+    let seen = until("B's probe is over", &log, async || {
+        std::fs::read_to_string(&b_log)
+            .ok()
+            .filter(|l| l.contains("probe-done"))
+    })
+    .await;
+    let uid_line = seen.lines().next().unwrap_or_default();
+    assert!(
+        uid_line.starts_with("uid=") && uid_line != "uid=0",
+        "B runs as a user of its own: {seen}"
+    );
+    assert_eq!(seen.lines().skip(1).collect::<Vec<_>>(), ["probe-done"], "B got at nothing: {seen}");
+
+    // The credential, taken all the same: a "durable" checkpoint of A's job in B's storage.
+    let cred: Value =
+        serde_json::from_slice(&std::fs::read(work.join("credential.json")).expect("credential"))
+            .expect("json");
+    let cred = cred["credential"].as_str().expect("credential").to_owned();
+    let c = uuid::Uuid::now_v7();
+    let at = chrono::Utc::now();
+    let forged = json!({"job_id": job_a, "replica": 0, "attempt": 1, "checkpoint_id": c,
+        "uri": format!("{b_store}/replica-0/{c}/manifest.json"),
+        "trigger": "notice", "outcome": "durable", "started_at": at, "finished_at": at,
+        "manifest": {"job_id": job_a, "replica": 0, "checkpoint_id": c, "attempt": 1,
+            "created_at": at, "total_bytes": 0, "files": []}});
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/checkpoints",
+            Some(&cred),
+            Some(&forged),
+        )
+        .await;
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("uri")),
+        "{v}"
+    );
+    assert!(
+        srv.store()
+            .latest_durable_checkpoint(job_a, 0)
+            .await
+            .expect("query")
+            .is_none(),
+        "A has no resume point in B's storage"
+    );
     srv.stop().await;
 }

@@ -33,6 +33,9 @@ use spotplane_core::{
 };
 use spotplane_providers::clock::{Clock, ManualClock};
 
+/// The object store of jobs without a checkpoint URI of their own.
+const OBJECTS: &str = "file:///tmp/spotplane-test-objects";
+
 on_both_databases!(
     a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes,
     an_elastic_gang_runs_on_while_its_lost_replicas_are_placed_again,
@@ -246,7 +249,7 @@ impl World {
             finished_at: now,
         };
         self.store
-            .record_checkpoint(node, &report, now)
+            .record_checkpoint(node, &report, OBJECTS, now)
             .await
             .expect("checkpoint recorded");
     }
@@ -300,7 +303,7 @@ async fn world(backend: Backend) -> (TestDb, World, String) {
             shared,
             None,
             recovery_settings,
-            "file:///tmp/spotplane-test-objects".into(),
+            OBJECTS.into(),
         ),
         store,
         clock,

@@ -19,6 +19,51 @@ use spotplane_core::agent::{
 };
 use spotplane_core::{CommandId, JobId, NodeId};
 
+/// How the tests' agents isolate replicas: a user of their own per job, as on a real node,
+/// when the tests run as root (as in CI); else as the test's own user, said once per test.
+pub fn isolation() -> spotplane_agent::isolation::Isolation {
+    use spotplane_agent::isolation::{Isolation, effective_uid};
+    if effective_uid().ok() == Some(0) {
+        Isolation::User
+    } else {
+        eprintln!("not root: replicas run with --workload-isolation none");
+        Isolation::None
+    }
+}
+
+/// A uid range of its own for one test agent: agents running side by side on one machine
+/// (tests playing several nodes) must not share the workloads' users, as each kills what
+/// its freed users left running.
+pub fn uid_base() -> u32 {
+    1_000_000 + (rand::random::<u32>() % 100_000) * 10_000
+}
+
+/// A node's folder for a test: searchable by the workloads' users (0711, as `/var/lib` is),
+/// with the example workload where they can run it (the target folder may be under a home
+/// only root may enter).
+pub fn node_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let example = env!("CARGO_BIN_EXE_spotplane-example-train");
+    let to = bin.join("spotplane-example-train");
+    if std::fs::hard_link(example, &to).is_err() {
+        std::fs::copy(example, &to).expect("copy the example workload");
+    }
+    tmp
+}
+
+/// The example workload of a [`node_dir`].
+pub fn example(node_dir: &std::path::Path) -> String {
+    node_dir
+        .join("bin/spotplane-example-train")
+        .display()
+        .to_string()
+}
+
 /// Polls `f` every 50 ms for up to 60 s.
 pub async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     for _ in 0..1200 {

@@ -301,7 +301,7 @@ pub fn validate_report(r: &CheckpointReport) -> FieldErrors {
 #[utoipa::path(post, path = "/v1/agent/checkpoints", tag = "agent", request_body = CheckpointReport,
     description = "A replica's checkpoint: durable (with its manifest, written last) or not (missed its deadline, failed). The latest durable checkpoint is the replica's resume point. Idempotent.",
     responses((status = 200, body = CheckpointRecord), (status = 404, body = Problem, description = "The job is not this node's"),
-        (status = 409, body = Problem, description = "The checkpoint id is durable already with another manifest"), (status = 422, body = Problem)),
+        (status = 409, body = Problem, description = "The checkpoint id is durable already with another manifest"), (status = 422, body = Problem, description = "Invalid, or `uri` is not this checkpoint's manifest under the job's checkpoint prefix")),
     security(("bearer" = [])))]
 pub async fn report_checkpoint(
     State(state): State<AppState>,
@@ -313,7 +313,7 @@ pub async fn report_checkpoint(
     validate_report(&report).into_result()?;
     let rec = state
         .store()
-        .record_checkpoint(own, &report, state.now())
+        .record_checkpoint(own, &report, state.object_store_url(), state.now())
         .await?;
     Ok(Json(rec))
 }

@@ -61,6 +61,9 @@ struct Inner {
     sender: Result<Arc<Sender>, String>,
     /// How often each team may ping its endpoints.
     pings: PingLimiter,
+    /// `object_store.url`: jobs without a checkpoint URI of their own keep theirs under
+    /// `<url>/jobs/<id>`, and agents' checkpoint reports must stay under it.
+    object_store_url: String,
 }
 
 impl AppState {
@@ -79,6 +82,9 @@ impl AppState {
                     .map(Arc::new)
                     .map_err(|e| e.to_string()),
                 pings: PingLimiter::new(WebhookSettings::default().pings_per_minute),
+                // Until `with_object_store`, no job without a URI of its own has a prefix
+                // (its reports are refused).
+                object_store_url: String::new(),
             }),
         }
     }
@@ -99,6 +105,18 @@ impl AppState {
             inner.sender = Ok(sender);
         }
         self
+    }
+
+    /// Sets the object store jobs' checkpoints go to by default (before the state is shared).
+    pub fn with_object_store(mut self, url: &str) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.object_store_url = url.to_owned();
+        }
+        self
+    }
+
+    pub fn object_store_url(&self) -> &str {
+        &self.inner.object_store_url
     }
 
     pub fn webhook_settings(&self) -> &WebhookSettings {

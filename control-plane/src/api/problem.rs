@@ -198,6 +198,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound(what) => ApiError::NotFound(format!("no {what}")),
             StoreError::Conflict(why) => ApiError::Conflict(why),
+            StoreError::Invalid { field, message } => ApiError::field(field, message),
             other => ApiError::Internal(other.into()),
         }
     }

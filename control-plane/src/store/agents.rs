@@ -29,6 +29,7 @@ use spotplane_core::agent::{
     CommandKind, CommandResult, GpuInfo, GpuTelemetry, Heartbeat, RegisterRequest, ReplicaPhase,
     ReplicaStatus, TerminationNotice,
 };
+use spotplane_core::job::JobSpec;
 use spotplane_core::{CheckpointId, CommandId, JobId, NodeId, NodeState};
 use utoipa::ToSchema;
 
@@ -427,10 +428,13 @@ async fn record_registration_in<C: ConnectionTrait>(
 
 /// Writes one checkpoint report: the row, a history entry of the job and its outbox event.
 /// Idempotent: the same report again changes nothing; a durable checkpoint is never replaced.
+/// With `default_root` (an agent's report), its URI must be under the job's checkpoint
+/// prefix; without, the caller built the URI from a command the control plane issued.
 async fn record_checkpoint_in<C: ConnectionTrait>(
     txn: &C,
     node_id: NodeId,
     report: &CheckpointReport,
+    default_root: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<CheckpointRecord, StoreError> {
     let job_row = job::Entity::find_by_id(report.job_id.to_string())
@@ -460,6 +464,23 @@ async fn record_checkpoint_in<C: ConnectionTrait>(
             "job {} on this node",
             report.job_id
         )));
+    }
+    // A checkpoint is where the job's own go, or a node could point the job's next attempt
+    // at anyone's storage.
+    if let Some(root) = default_root {
+        let spec: JobSpec = from_json("jobs", &job_row.id, job_row.spec.clone())?;
+        let prefix = super::recovery::checkpoint_prefix(&spec, report.job_id, root);
+        if !is_checkpoint_of(&report.uri, &prefix, report.replica, report.checkpoint_id) {
+        return Err(StoreError::Invalid {
+            field: "uri".into(),
+            message: format!(
+                "must be the manifest of this checkpoint under the job's checkpoint prefix, {}/replica-{}/{}/manifest.json",
+                prefix.trim_end_matches('/'),
+                report.replica,
+                report.checkpoint_id
+            ),
+            });
+        }
     }
     let state = checkpoint_state(report.outcome);
     let manifest = report.manifest.as_ref().map(to_json).transpose()?;
@@ -542,6 +563,60 @@ async fn record_checkpoint_in<C: ConnectionTrait>(
     .insert(txn)
     .await?;
     checkpoint_from_row(row)
+}
+
+/// Whether `uri` names checkpoint `id`'s manifest of `replica` under `prefix`
+/// (`<prefix>/replica-<r>/<id>/manifest.json`). Compared as URLs, segment by decoded segment,
+/// so neither spelling (`%2e%2e`, doubled slashes) nor dot segments lead out of the prefix.
+pub(crate) fn is_checkpoint_of(uri: &str, prefix: &str, replica: u32, id: CheckpointId) -> bool {
+    fn parts(u: &str) -> Option<(String, String, Vec<String>)> {
+        let url = url::Url::parse(u).ok()?;
+        let segs = url
+            .path_segments()
+            .map(|s| {
+                s.filter(|p| !p.is_empty())
+                    .map(|p| {
+                        percent_decode(p)
+                    })
+                    .collect::<Option<Vec<_>>>()
+            })
+            .unwrap_or(Some(Vec::new()))?;
+        Some((
+            url.scheme().to_owned(),
+            url.host_str().unwrap_or_default().to_owned(),
+            segs,
+        ))
+    }
+    fn percent_decode(p: &str) -> Option<String> {
+        let bytes = p.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                let hex = p.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).ok()
+    }
+    let (Some((scheme, host, segs)), Some((p_scheme, p_host, p_segs))) = (parts(uri), parts(prefix))
+    else {
+        return false;
+    };
+    let tail = [
+        format!("replica-{replica}"),
+        id.to_string(),
+        "manifest.json".to_owned(),
+    ];
+    scheme == p_scheme
+        && host == p_host
+        && segs.len() == p_segs.len() + tail.len()
+        && segs[..p_segs.len()] == p_segs[..]
+        && segs[p_segs.len()..] == tail[..]
 }
 
 /// Queues a command for a node's agent inside the caller's transaction, with its outbox event.
@@ -704,7 +779,7 @@ async fn apply_result_in<C: ConnectionTrait>(
                 .await?
                 .is_none()
             {
-                record_checkpoint_in(txn, node_id, &report, now).await?;
+                record_checkpoint_in(txn, node_id, &report, None, now).await?;
             }
         }
         (
@@ -1071,15 +1146,19 @@ impl Store {
 
     /// Records a checkpoint report of this node (see [`CheckpointReport`]); a job the node
     /// neither ran (this attempt) nor was told to checkpoint is not found.
+    /// Its `uri` must be the checkpoint's manifest under the job's checkpoint prefix (its own
+    /// `checkpoint.uri`, else `<default_root>/jobs/<id>`), or it is refused as invalid.
     pub async fn record_checkpoint(
         &self,
         node_id: NodeId,
         report: &CheckpointReport,
+        default_root: &str,
         now: DateTime<Utc>,
     ) -> Result<CheckpointRecord, StoreError> {
         self.measured("record_checkpoint", || async {
             let txn = self.write.begin().await?;
-            let rec = record_checkpoint_in(&txn, node_id, report, now).await?;
+            let rec =
+                record_checkpoint_in(&txn, node_id, report, Some(default_root), now).await?;
             txn.commit().await?;
             Ok(rec)
         })

@@ -78,6 +78,10 @@ pub enum StoreError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// A request the stored state refuses, naming the field (e.g. a checkpoint outside its
+    /// job's prefix).
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
     /// A stored row could not be read back; names the table and row so it can be repaired.
     #[error("stored {table} row {id} is unreadable: {reason}")]
     Corrupt {

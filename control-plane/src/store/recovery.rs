@@ -58,7 +58,7 @@ fn devices(
 }
 
 /// Where a job's checkpoints go: its own `checkpoint.uri`, else `<default_root>/jobs/<id>`.
-fn checkpoint_prefix(spec: &JobSpec, job_id: JobId, default_root: &str) -> String {
+pub(crate) fn checkpoint_prefix(spec: &JobSpec, job_id: JobId, default_root: &str) -> String {
     match &spec.checkpoint {
         Some(c) => c.uri.clone(),
         None => format!("{}/jobs/{job_id}", default_root.trim_end_matches('/')),
