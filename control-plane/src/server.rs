@@ -100,7 +100,7 @@ impl Server {
         let cancel = CancellationToken::new();
         let mut app = api::router(state.clone());
         if !providers.sims.is_empty() {
-            app = app.merge(simfront::router(providers.sims.clone()));
+            app = app.merge(simfront::router(providers.sims.clone(), state.clone()));
         }
         let shutdown = cancel.clone();
         let task = tokio::spawn(async move {

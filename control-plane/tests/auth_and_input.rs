@@ -85,6 +85,7 @@ async fn every_role_gets_exactly_its_rights_on_every_endpoint(backend: Backend) 
     let created = StatusCode::CREATED;
     let gone = StatusCode::NO_CONTENT;
     let no = StatusCode::FORBIDDEN;
+    let missing = StatusCode::NOT_FOUND;
 
     // (method, path template, body, expected for [admin, team, finance, agent]).
     // {job} is a fresh job of team alpha, {token} a fresh token id, {n} the role's index.
@@ -173,6 +174,26 @@ async fn every_role_gets_exactly_its_rights_on_every_endpoint(backend: Backend) 
             "/v1/teams/alpha/budget",
             Some(json!({"monthly_usd": 100.0})),
             [ok, no, no, no],
+        ),
+        // The simulated clouds' controls (the default configuration has them). No instance
+        // runs here: an admin gets past the role check to "no such instance".
+        (
+            Method::POST,
+            "/sim/control/aws/spot-outage?on=false",
+            None,
+            [ok, no, no, no],
+        ),
+        (
+            Method::POST,
+            "/sim/control/gcp/instances/none/preempt",
+            None,
+            [missing, no, no, no],
+        ),
+        (
+            Method::POST,
+            "/sim/control/azure/instances/none/vanish",
+            None,
+            [missing, no, no, no],
         ),
     ];
     for (method, template, body, expected) in &matrix {
