@@ -101,7 +101,7 @@ impl Server {
         let cancel = CancellationToken::new();
         let mut app = api::router(state.clone());
         if !providers.sims.is_empty() {
-            app = app.merge(simfront::router(providers.sims.clone()));
+            app = app.merge(simfront::router(providers.sims.clone(), state.clone()));
         }
         let task = tokio::spawn(crate::listener::serve(
             listener,

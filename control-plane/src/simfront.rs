@@ -14,8 +14,13 @@
 //!   `POST` of `{"StartRequests": [{"EventId": …}]}` to let an eviction start early.
 //!
 //! `{instance}` is the instance id (AWS), the instance name (GCP) or the VM name (Azure).
-//! Nothing here is authenticated, like the link-local services it imitates; it exists only
-//! when simulated clouds are configured.
+//! The metadata services are not authenticated, like the link-local services they imitate.
+//!
+//! Beside them, `/sim/control/...` does to a simulated cloud what a real cloud does on its own
+//! (a preemption, a vanished instance, a spot capacity crunch), for tests and demos. Those
+//! routes change the fleet, so they take an admin token like the rest of the API.
+//!
+//! Both exist only when simulated clouds are configured.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,8 +28,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
 use chrono::{DateTime, Utc};
@@ -32,6 +38,11 @@ use serde::Deserialize;
 use serde_json::json;
 use spotplane_core::{Cloud, Market};
 use spotplane_providers::sim::{SimCloud, SimInstance};
+
+use crate::api::AppState;
+use crate::api::extract::Auth;
+use crate::api::problem::ApiError;
+use crate::model::Role;
 
 /// The longest a GCP `wait_for_change` request is held.
 const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -45,19 +56,39 @@ struct Front {
     tokens: Arc<Mutex<HashMap<String, DateTime<Utc>>>>,
 }
 
-/// The routes, for merging into the server's router.
-pub fn router(sims: Vec<Arc<SimCloud>>) -> Router {
-    Router::new()
-        .route("/sim/metadata/{cloud}/{instance}/{*path}", any(serve))
+/// The routes, for merging into the server's router: the metadata services, open, and the
+/// control routes, for admin tokens of `state`'s store only.
+pub fn router(sims: Vec<Arc<SimCloud>>, state: AppState) -> Router {
+    let control = Router::new()
         .route(
             "/sim/control/{cloud}/instances/{instance}/{action}",
             post(control_instance),
         )
         .route("/sim/control/{cloud}/spot-outage", post(control_outage))
+        // A route layer: only matched routes ask for a token, so unknown paths stay 404.
+        .route_layer(middleware::from_fn_with_state(state, admin_only))
+        .with_state(Front {
+            sims: Arc::new(sims.clone()),
+            tokens: Arc::default(),
+        });
+    metadata_router(sims).merge(control)
+}
+
+/// The metadata services alone.
+fn metadata_router(sims: Vec<Arc<SimCloud>>) -> Router {
+    Router::new()
+        .route("/sim/metadata/{cloud}/{instance}/{*path}", any(serve))
         .with_state(Front {
             sims: Arc::new(sims),
             tokens: Arc::default(),
         })
+}
+
+/// Lets only admin tokens through (401 without a live token, 403 with another role), before
+/// anything of the request is read.
+async fn admin_only(auth: Auth, req: Request, next: Next) -> Result<Response, ApiError> {
+    auth.require(&[Role::Admin])?;
+    Ok(next.run(req).await)
 }
 
 fn text(status: StatusCode, body: impl Into<String>) -> Response {
@@ -69,36 +100,47 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response {
         .into_response()
 }
 
+/// The simulated cloud of a flavour named in a control path.
+fn sim_of(front: &Front, cloud: &str) -> Result<Arc<SimCloud>, ApiError> {
+    cloud
+        .parse::<Cloud>()
+        .ok()
+        .and_then(|c| front.sims.iter().find(|s| s.config().flavour == c))
+        .cloned()
+        .ok_or_else(|| ApiError::NotFound(format!("no simulated cloud {cloud:?}")))
+}
+
 /// `POST /sim/control/{cloud}/instances/{instance}/preempt` (the cloud's notice, then the end
 /// of the window) or `.../vanish` (gone at once, no notice): what a cloud does to a spot node,
 /// on demand, for tests and demos. Only simulated clouds have it.
 async fn control_instance(
     State(front): State<Front>,
     Path((cloud, instance, action)): Path<(String, String, String)>,
-) -> Response {
-    let Some(sim) = cloud
-        .parse::<Cloud>()
-        .ok()
-        .and_then(|c| front.sims.iter().find(|s| s.config().flavour == c))
-    else {
-        return text(StatusCode::NOT_FOUND, "no simulated cloud of this flavour");
-    };
-    let Some(inst) = sim.instance_by_name(&instance) else {
-        return text(StatusCode::NOT_FOUND, "no such instance");
-    };
+) -> Result<Response, ApiError> {
+    let sim = sim_of(&front, &cloud)?;
+    let inst = sim
+        .instance_by_name(&instance)
+        .ok_or_else(|| ApiError::NotFound(format!("no instance {instance:?} in {cloud}")))?;
     let done = match action.as_str() {
         "preempt" => sim.preempt_now(&inst.id),
         "vanish" => sim.terminate_without_notice(&inst.id),
-        _ => return text(StatusCode::NOT_FOUND, "actions: preempt, vanish"),
+        _ => {
+            return Err(ApiError::NotFound(format!(
+                "no action {action:?}; actions: preempt, vanish"
+            )));
+        }
     };
-    if done {
-        text(StatusCode::ACCEPTED, format!("{action}: {}", inst.id))
-    } else {
-        text(
-            StatusCode::CONFLICT,
-            "the instance has a notice already or is gone",
-        )
+    if !done {
+        return Err(ApiError::Conflict(format!(
+            "instance {} has a notice already or is gone",
+            inst.id
+        )));
     }
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(json!({"action": action, "instance": inst.id})),
+    )
+        .into_response())
 }
 
 /// `POST /sim/control/{cloud}/spot-outage?on=true|false`: a cloud-wide spot capacity crunch.
@@ -106,24 +148,15 @@ async fn control_outage(
     State(front): State<Front>,
     Path(cloud): Path<String>,
     Query(query): Query<HashMap<String, String>>,
-) -> Response {
-    let Some(sim) = cloud
-        .parse::<Cloud>()
-        .ok()
-        .and_then(|c| front.sims.iter().find(|s| s.config().flavour == c))
-    else {
-        return text(StatusCode::NOT_FOUND, "no simulated cloud of this flavour");
-    };
+) -> Result<Response, ApiError> {
+    let sim = sim_of(&front, &cloud)?;
     let on = match query.get("on").map(String::as_str) {
         Some("true") | None => true,
         Some("false") => false,
-        Some(_) => return text(StatusCode::UNPROCESSABLE_ENTITY, "on: true or false"),
+        Some(_) => return Err(ApiError::field("query.on", "must be true or false")),
     };
     sim.set_spot_outage(on);
-    text(
-        StatusCode::OK,
-        format!("spot outage {}", if on { "on" } else { "off" }),
-    )
+    Ok(axum::Json(json!({"cloud": cloud, "spot_outage": on})).into_response())
 }
 
 async fn serve(

@@ -5,13 +5,15 @@ mod common;
 use common::{ADMIN_TOKEN, Backend, TestServer};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use spotplane::model::Role;
 use spotplane::scheduler::{Assigned, Placement};
-use spotplane::store::{NewGpu, NewNode};
-use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, MigLayout, NodeId};
+use spotplane::store::{NewGpu, NewNode, NewToken};
+use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, MigLayout, NodeId, NodeState};
 
 on_both_databases!(
     a_bootstrap_token_is_exchanged_once_for_a_node_credential,
     a_node_credential_acts_for_its_own_node_only,
+    a_terminated_nodes_credential_is_refused_on_every_agent_route,
     heartbeats_hand_out_commands_until_their_result_arrives,
     a_notice_in_a_heartbeat_drains_the_node_with_its_deadline,
     checkpoint_reports_record_durable_and_missed_checkpoints,
@@ -421,6 +423,122 @@ async fn a_node_credential_acts_for_its_own_node_only(backend: Backend) {
         )
         .await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
+    srv.stop().await;
+}
+
+async fn agent_status(srv: &TestServer, id: NodeId) -> Value {
+    let (s, v) = srv
+        .call(
+            Method::GET,
+            &format!("/v1/nodes/{id}/agent"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    v
+}
+
+async fn a_terminated_nodes_credential_is_refused_on_every_agent_route(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let (n, cred) = registered(&srv, "gone").await;
+    let job = job_on(&srv, n).await;
+    let (s, cmd) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{n}/commands"),
+            Some(ADMIN_TOKEN),
+            Some(&json!({"type": "drain"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{cmd}");
+    let cmd_id = cmd["command"]["id"].as_str().expect("id").to_owned();
+    // A heartbeat while the node lives (which also puts the credential in the auth cache).
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/heartbeat",
+            Some(&cred),
+            Some(&heartbeat(n)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let before = agent_status(&srv, n).await;
+    assert!(before["last_heartbeat_at"].is_string(), "{before}");
+
+    srv.store()
+        .transition_node(
+            n,
+            NodeState::Terminated,
+            Some("the instance is gone".into()),
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("terminated");
+
+    let checkpoint = uuid::Uuid::now_v7().to_string();
+    let routes: [(String, Value); 4] = [
+        ("/v1/agent/heartbeat".into(), heartbeat(n)),
+        ("/v1/agent/register".into(), register_body(n)),
+        (
+            format!("/v1/agent/commands/{cmd_id}/result"),
+            json!({"command_id": cmd_id, "ok": true}),
+        ),
+        (
+            "/v1/agent/checkpoints".into(),
+            report(json!(job), &checkpoint, "missed_deadline", &"0".repeat(64)),
+        ),
+    ];
+    for (path, body) in &routes {
+        let (s, v) = srv.call(Method::POST, path, Some(&cred), Some(body)).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{path}: {v}");
+        assert_eq!(v["type"], "urn:spotplane:problem:unauthenticated", "{path}");
+    }
+    let after = agent_status(&srv, n).await;
+    assert_eq!(
+        (&after["last_heartbeat_at"], &after["heartbeats"]),
+        (&before["last_heartbeat_at"], &before["heartbeats"]),
+        "a refused heartbeat records nothing"
+    );
+    // The credential is listed as revoked with its node.
+    let (_, tokens) = srv
+        .call(Method::GET, "/v1/tokens", Some(ADMIN_TOKEN), None)
+        .await;
+    let listed = tokens["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["node_id"] == json!(n)).cloned())
+        .expect("the node credential is listed");
+    assert!(listed["revoked_at"].is_string(), "{listed}");
+
+    // A credential bound to a terminated node is no one even when nothing revoked it (one
+    // issued before terminations revoked credentials).
+    let (_, stale) = srv
+        .store()
+        .create_token(
+            NewToken {
+                name: "agent gone".into(),
+                role: Role::Agent,
+                team: None,
+                node_id: Some(n),
+                expires_at: None,
+            },
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("token");
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/heartbeat",
+            Some(&stale),
+            Some(&heartbeat(n)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    assert_eq!(
+        agent_status(&srv, n).await["heartbeats"],
+        before["heartbeats"]
+    );
     srv.stop().await;
 }
 

@@ -6,8 +6,8 @@ use common::{ADMIN_TOKEN, Backend, TestServer};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use spotplane::model::Role;
-use spotplane::store::NewToken;
-use spotplane_core::NodeId;
+use spotplane::store::{NewGpu, NewNode, NewToken};
+use spotplane_core::{Cloud, GpuModel, Market, Micros, MigLayout, NodeId};
 
 on_both_databases!(
     every_role_gets_exactly_its_rights_on_every_endpoint,
@@ -34,6 +34,36 @@ async fn tokens(srv: &TestServer) -> Tokens {
         )
         .await;
     let finance = v["token"].as_str().expect("finance token").to_owned();
+    // An agent credential lives only while its node does: bind it to a stored node.
+    let node = NodeId(uuid::Uuid::now_v7());
+    srv.store()
+        .create_node(
+            NewNode {
+                id: node,
+                name: "agent-node".into(),
+                cloud: Cloud::Aws,
+                region: "us-east-1".into(),
+                zone: "us-east-1a".into(),
+                instance_type: "g5.xlarge".into(),
+                market: Market::Spot,
+                offer_id: None,
+                client_token: "ct-agent-node".into(),
+                hourly_price: Micros::parse_usd("0.4").expect("price"),
+                on_demand_price: Micros::parse_usd("1.006").expect("price"),
+                cpu_milli: 4_000,
+                memory_mib: 16_384,
+                gpus: vec![NewGpu {
+                    model: GpuModel::A10G,
+                    memory_mib: 23_028,
+                    mig_enabled: false,
+                    mig_layout: MigLayout::empty(),
+                }],
+                labels: Default::default(),
+            },
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("node stored");
     let (_, agent) = srv
         .store()
         .create_token(
@@ -41,7 +71,7 @@ async fn tokens(srv: &TestServer) -> Tokens {
                 name: "node-agent".into(),
                 role: Role::Agent,
                 team: None,
-                node_id: Some(NodeId(uuid::Uuid::now_v7())),
+                node_id: Some(node),
                 expires_at: None,
             },
             chrono::Utc::now(),
@@ -85,6 +115,7 @@ async fn every_role_gets_exactly_its_rights_on_every_endpoint(backend: Backend) 
     let created = StatusCode::CREATED;
     let gone = StatusCode::NO_CONTENT;
     let no = StatusCode::FORBIDDEN;
+    let missing = StatusCode::NOT_FOUND;
 
     // (method, path template, body, expected for [admin, team, finance, agent]).
     // {job} is a fresh job of team alpha, {token} a fresh token id, {n} the role's index.
@@ -173,6 +204,26 @@ async fn every_role_gets_exactly_its_rights_on_every_endpoint(backend: Backend) 
             "/v1/teams/alpha/budget",
             Some(json!({"monthly_usd": 100.0})),
             [ok, no, no, no],
+        ),
+        // The simulated clouds' controls (the default configuration has them). No instance
+        // runs here: an admin gets past the role check to "no such instance".
+        (
+            Method::POST,
+            "/sim/control/aws/spot-outage?on=false",
+            None,
+            [ok, no, no, no],
+        ),
+        (
+            Method::POST,
+            "/sim/control/gcp/instances/none/preempt",
+            None,
+            [missing, no, no, no],
+        ),
+        (
+            Method::POST,
+            "/sim/control/azure/instances/none/vanish",
+            None,
+            [missing, no, no, no],
         ),
     ];
     for (method, template, body, expected) in &matrix {

@@ -17,6 +17,8 @@
 //! - Interruptions: the four EventBridge kinds of REFERENCE.md, routed on (source, detail-type);
 //!   everything received is deleted once handled, malformed and unknown messages included
 //!   (logged), so the queue never clogs; duplicates are harmless because callers deduplicate.
+//!
+//! The SDK's own retries are off: retrying is the decorators' job ([`crate::decorators`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -185,8 +187,12 @@ impl AwsProvider {
         let mut regions: Vec<(String, Box<dyn Ec2Api>)> = Vec::new();
         let mut queue: Option<Box<dyn QueueApi>> = None;
         for name in &cfg.regions {
+            // The SDK's own retries off (its default is 3 attempts per call): the `Retrying`
+            // decorator retries every cloud call, so one policy decides how often and how long,
+            // instead of 3 attempts inside each of its own (as for GCP).
             let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-                .region(aws_config::Region::new(name.clone()));
+                .region(aws_config::Region::new(name.clone()))
+                .retry_config(aws_config::retry::RetryConfig::disabled());
             if let Some(url) = &cfg.endpoint_url {
                 loader = loader.endpoint_url(url);
             }

@@ -19,8 +19,9 @@ use crate::sim::{SimCloud, SimTraces, traces::TraceError};
 /// Real cloud APIs: attempts per call, first and longest backoff, calls per second and burst.
 /// EC2's request-rate limits are per account and API action (mutating actions get ~5/s refill);
 /// these keep one control plane well inside them.
+/// The SDKs' own retries are off, so these attempts are all the requests one call makes.
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
-const RETRY_ATTEMPTS: u32 = 4;
+pub const RETRY_ATTEMPTS: u32 = 4;
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 const RETRY_BASE: Duration = Duration::from_millis(200);
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]

@@ -12,14 +12,19 @@
 #![cfg(feature = "aws")]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use spotplane_core::{Cloud, Market, Micros, NodeId};
 use spotplane_providers::aws::AwsProvider;
-use spotplane_providers::config::{AwsConfig, AwsLaunchApi};
-use spotplane_providers::registry::catalog_of;
+use spotplane_providers::clock::SystemClock;
+use spotplane_providers::config::{AwsConfig, AwsLaunchApi, ProviderConfig};
+use spotplane_providers::registry::{self, BuildContext, RETRY_ATTEMPTS, catalog_of};
 use spotplane_providers::{
     CloudProvider, InstanceState, InterruptionKind, Offer, ProvisionRequest, tags,
 };
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 const REGION: &str = "us-east-1";
 
@@ -318,6 +323,134 @@ async fn the_interruption_queue_is_drained_parsed_and_emptied() {
         .unwrap_or(0);
     assert_eq!(left, 0, "{attrs:?}");
     assert!(p.drain_interruptions().await.expect("drained").is_empty());
+}
+
+/// A front for moto on loopback: every request of one EC2 action is counted and answered with
+/// EC2's `503 Unavailable` (retryable for the SDK and for spotplane alike); everything else is
+/// passed to moto. One request per connection (`Connection: close` both ways), so requests
+/// cannot be miscounted or mixed up.
+async fn failing_front(moto: &str, action: &'static str) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let upstream = moto
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&hits);
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let (upstream, counted) = (upstream.clone(), Arc::clone(&counted));
+            tokio::spawn(async move {
+                // A broken connection only fails the request on it, which the test sees.
+                let _ = pass_or_fail(conn, &upstream, action, &counted).await;
+            });
+        }
+    });
+    (url, hits)
+}
+
+/// The head of an HTTP message without its `Connection` header, with `Connection: close`.
+fn closing(head: &str) -> String {
+    let mut out: Vec<&str> = head
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+        .collect();
+    out.push("Connection: close");
+    out.join("\r\n") + "\r\n\r\n"
+}
+
+async fn pass_or_fail(
+    mut conn: TcpStream,
+    upstream: &str,
+    action: &str,
+    hits: &AtomicUsize,
+) -> std::io::Result<()> {
+    let mut req = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    let head_end = loop {
+        let n = conn.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        req.extend_from_slice(&buf[..n]);
+        if let Some(i) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+    };
+    let head = String::from_utf8_lossy(&req[..head_end]).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    while req.len() < head_end + 4 + length {
+        let n = conn.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let body = &req[head_end + 4..];
+    if String::from_utf8_lossy(body).contains(&format!("Action={action}&")) {
+        hits.fetch_add(1, Ordering::SeqCst);
+        let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
+            <Code>Unavailable</Code><Message>The server is overloaded</Message></Error></Errors>\
+            <RequestID>00000000-0000-0000-0000-000000000000</RequestID></Response>";
+        let resp = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{xml}",
+            xml.len()
+        );
+        conn.write_all(resp.as_bytes()).await?;
+        return conn.shutdown().await;
+    }
+    let mut up = TcpStream::connect(upstream).await?;
+    up.write_all(closing(&head).as_bytes()).await?;
+    up.write_all(body).await?;
+    let mut resp = Vec::new();
+    up.read_to_end(&mut resp).await?;
+    let split = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(resp.len());
+    conn.write_all(closing(&String::from_utf8_lossy(&resp[..split])).as_bytes())
+        .await?;
+    conn.write_all(resp.get(split + 4..).unwrap_or_default())
+        .await?;
+    conn.shutdown().await
+}
+
+#[tokio::test]
+async fn a_failing_call_is_sent_as_often_as_the_retry_decorator_says_and_no_more() {
+    let Some(url) = moto() else { return };
+    let (front, hits) = failing_front(&url, "DescribeSpotPriceHistory").await;
+    // Built as `serve` builds it: the real SDK clients under the decorators.
+    let providers = registry::build(
+        &[ProviderConfig::Aws(config(
+            &front,
+            AwsLaunchApi::CreateFleet,
+            None,
+        ))],
+        &BuildContext {
+            clock: Arc::new(SystemClock),
+            sim_data_dir: std::env::temp_dir(),
+            catalog_dir: None,
+            observer: None,
+        },
+    )
+    .await
+    .expect("the provider is built through the front (zones come from moto)");
+    let err = providers.all[0]
+        .list_offers()
+        .await
+        .expect_err("spot prices always fail");
+    assert_eq!(err.kind(), "transient", "{err}");
+    // One request per attempt of the decorator: the SDK retries nothing itself (its default,
+    // 3 attempts inside each of the decorator's, made 12).
+    assert_eq!(hits.load(Ordering::SeqCst), RETRY_ATTEMPTS as usize);
 }
 
 #[tokio::test]

@@ -96,7 +96,7 @@ fn get(uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
 #[tokio::test]
 async fn aws_imdsv2_needs_a_token_and_shows_the_instance_action_once_posted() {
     let (sim, name, _clock) = node(Cloud::Aws).await;
-    let app = super::router(vec![sim.clone()]);
+    let app = super::metadata_router(vec![sim.clone()]);
     let base = format!("/sim/metadata/aws/{name}/latest");
     let action = format!("{base}/meta-data/spot/instance-action");
 
@@ -158,7 +158,7 @@ async fn aws_imdsv2_needs_a_token_and_shows_the_instance_action_once_posted() {
 #[tokio::test(start_paused = true)]
 async fn gcp_preempted_needs_the_flavor_header_and_long_polls_until_it_changes() {
     let (sim, name, _clock) = node(Cloud::Gcp).await;
-    let app = super::router(vec![sim.clone()]);
+    let app = super::metadata_router(vec![sim.clone()]);
     let uri = format!("/sim/metadata/gcp/{name}/computeMetadata/v1/instance/preempted");
     let flavor = [("Metadata-Flavor", "Google")];
 
@@ -182,7 +182,7 @@ async fn gcp_preempted_needs_the_flavor_header_and_long_polls_until_it_changes()
 #[tokio::test]
 async fn azure_scheduled_events_show_the_preempt_event_and_accept_start_requests() {
     let (sim, name, _clock) = node(Cloud::Azure).await;
-    let app = super::router(vec![sim.clone()]);
+    let app = super::metadata_router(vec![sim.clone()]);
     let uri = format!("/sim/metadata/azure/{name}/metadata/scheduledevents?api-version=2020-07-01");
     let md = [("Metadata", "true")];
 
@@ -230,7 +230,7 @@ async fn azure_scheduled_events_show_the_preempt_event_and_accept_start_requests
 #[tokio::test]
 async fn unknown_instances_and_clouds_are_404() {
     let (sim, _name, _clock) = node(Cloud::Aws).await;
-    let app = super::router(vec![sim]);
+    let app = super::metadata_router(vec![sim]);
     assert_eq!(
         call(
             &app,

@@ -7,7 +7,8 @@
 //!   exchanges it once, at registration, for the node credential.
 //! - The node credential is an `api_tokens` row of role `agent` bound to the node: it
 //!   authenticates like every other token and acts for its own node only. A new exchange
-//!   revokes the node's earlier credentials.
+//!   revokes the node's earlier credentials, and the node's termination revokes the last one:
+//!   a credential of a terminated node is refused (`401`) on every route.
 //! - `node_agents`: what the agent last said (inventory, telemetry, replicas, notice) and when.
 //!   Only the latest is kept; history is the metrics' business.
 //! - `agent_commands`: what the node should do, in order, until the agent reports a result.

@@ -18,9 +18,10 @@ use serde_json::json;
 use spotplane_core::job::JobSpec;
 use spotplane_core::{Cloud, JobId, JobState, MigLayout, NodeId, NodeState};
 
-use super::entity::{allocation, checkpoint, gpu, job, node, outbox, team};
+use super::entity::{allocation, api_token, checkpoint, gpu, job, node, outbox, team};
 use super::jobs::{job_event_in, job_note_in};
 use super::{Store, StoreError, from_json, new_uuid, parse_col};
+use crate::model::Role;
 use crate::scheduler::{
     Assigned, GpuSnap, NodeSnap, Placement, PreemptionReason, QueuedJob, RunningJob, Snapshot,
     TeamSnap, WaitReason,
@@ -548,6 +549,7 @@ impl Store {
     }
 
     /// Moves a node along its lifecycle, with a `node.<state>` outbox event, in one transaction.
+    /// Terminating a node revokes its agent credentials in the same transaction.
     pub async fn transition_node(
         &self,
         id: NodeId,
@@ -581,6 +583,16 @@ impl Store {
             if upd.exec(&txn).await?.rows_affected != 1 {
                 return Err(StoreError::Conflict(format!("node {id} changed concurrently; retry")));
             }
+            if to == NodeState::Terminated {
+                // The agent on a terminated node is no one: its credential goes with the node.
+                api_token::Entity::update_many()
+                    .col_expr(api_token::Column::RevokedAt, Expr::value(Some(now)))
+                    .filter(api_token::Column::Role.eq(Role::Agent.as_str()))
+                    .filter(api_token::Column::NodeId.eq(row.id.clone()))
+                    .filter(api_token::Column::RevokedAt.is_null())
+                    .exec(&txn)
+                    .await?;
+            }
             outbox::ActiveModel {
                 kind: Set(format!("node.{to}")),
                 subject_kind: Set("node".into()),
@@ -596,7 +608,12 @@ impl Store {
             txn.commit().await?;
             Ok(())
         })
-        .await
+        .await?;
+        if to == NodeState::Terminated {
+            // Its credential stops working on this replica at once (others: within the TTL).
+            self.tokens.clear();
+        }
+        Ok(())
     }
 
     /// Jobs holding capacity (admitted, starting, running, draining), with their state and the

@@ -17,9 +17,9 @@ use sea_orm::{
     Set, TransactionTrait,
 };
 use sha2::{Digest, Sha256};
-use spotplane_core::{NodeId, TeamName, TokenId};
+use spotplane_core::{NodeId, NodeState, TeamName, TokenId};
 
-use super::entity::{api_token, team};
+use super::entity::{api_token, node, team};
 use super::{Store, StoreError, new_uuid, parse_col};
 use crate::model::{Role, Token};
 
@@ -250,6 +250,22 @@ impl Store {
                     return Ok(None);
                 };
                 let token = token_from_row(&self.read, row.clone()).await?;
+                // A node's credential lives only as long as its node: once the node is
+                // terminated (or has no row), the agent on it is no one. The node's
+                // termination also revokes it (`transition_node`); this holds for tokens of
+                // nodes terminated before that, and whatever else ends a node.
+                if token.role == Role::Agent
+                    && let Some(n) = token.node_id
+                {
+                    let state = node::Entity::find_by_id(n.to_string())
+                        .one(&self.read)
+                        .await?
+                        .map(|r| parse_col::<NodeState>("nodes", &r.id, &r.state))
+                        .transpose()?;
+                    if state.is_none_or(NodeState::is_terminal) {
+                        return Ok(None);
+                    }
+                }
                 let team = match (row.team_id, token.team) {
                     (Some(id), Some(name)) => Some((id, name)),
                     _ => None,
