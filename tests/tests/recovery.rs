@@ -214,7 +214,19 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
 
 impl Cluster {
     async fn start(db: Db, one_gpu_nodes: bool) -> Cluster {
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tmp");
+        // Agents run replicas as users of their own (docs/agent.md, isolation): the folder is
+        // searchable by them (0711, as /var/lib is), and the example workload is where they
+        // can run it (the target folder may be in a home only root may enter).
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+            .expect("chmod");
+        let bin_dir = dir.path().join("bin");
+        std::fs::create_dir(&bin_dir).expect("bin");
+        std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        std::fs::copy(bin("spotplane-example-train"), example(dir.path()))
+            .expect("copy the example workload");
         let port = free_port();
         let config = dir.path().join("spotplane.toml");
         std::fs::write(&config, self::config(dir.path(), port, db, one_gpu_nodes)).expect("config");
@@ -377,7 +389,7 @@ impl Cluster {
         interval_s: u32,
         elastic: bool,
     ) -> String {
-        let mut body = job_body(name, replicas, steps, interval_s, elastic);
+        let mut body = job_body(self, name, replicas, steps, interval_s, elastic);
         body["checkpoint"]["uri"] = json!(format!(
             "file://{}/objects/{name}",
             self.dir.path().display()
@@ -476,13 +488,25 @@ fn step_of(line: &str, prefix: &str) -> Option<u64> {
         .find_map(|r| r.split_whitespace().next()?.parse().ok())
 }
 
+/// Where a cluster keeps the example workload, for its replicas' users to run.
+fn example(dir: &Path) -> PathBuf {
+    dir.join("bin").join("spotplane-example-train")
+}
+
 /// The example workload as a job: `steps` steps of 50 ms, a checkpoint every `interval_s`
 /// simulated seconds, to the default object store's folder for the job.
-fn job_body(name: &str, replicas: u32, steps: u32, interval_s: u32, elastic: bool) -> Value {
+fn job_body(
+    c: &Cluster,
+    name: &str,
+    replicas: u32,
+    steps: u32,
+    interval_s: u32,
+    elastic: bool,
+) -> Value {
     json!({
         "name": name, "team": "ml", "replicas": replicas, "elastic": elastic,
         "shape": {"gpus": 1},
-        "command": [bin("spotplane-example-train")],
+        "command": [example(c.dir.path())],
         "env": {"TRAIN_STEPS": steps.to_string(), "TRAIN_STEP_MS": "50", "TRAIN_WEIGHTS_BYTES": "65536"},
         "checkpoint": {"interval_s": interval_s},
     })
@@ -588,7 +612,7 @@ async fn a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint(db: Db)
 // was given `file://data/objects/jobs/<id>`, which the agent refused; it never ran.
 async fn a_job_without_a_checkpoint_uri_runs_under_the_relative_default_store(db: Db) {
     let c = setup(db).await;
-    let mut body = job_body("default-store", 1, 60, 30, false);
+    let mut body = job_body(&c, "default-store", 1, 60, 30, false);
     body.as_object_mut().expect("object").remove("checkpoint");
     let job = c.submit_body(body).await;
     let j = succeeded(&c, &job).await;
