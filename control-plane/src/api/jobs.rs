@@ -92,7 +92,13 @@ pub async fn submit_job(
             ));
         }
     };
-    spec.validate(now).into_result()?;
+    let mut errs = spec.validate(now);
+    if let Some(c) = &spec.checkpoint
+        && let Err(why) = state.check_checkpoint_uri(&c.uri)
+    {
+        errs.push("checkpoint.uri", why);
+    }
+    errs.into_result()?;
     let idempotency = key.map(|k| {
         let mut canonical = spec.clone();
         canonical.team = Some(team.clone());

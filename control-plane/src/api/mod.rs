@@ -58,6 +58,9 @@ struct Inner {
     webhooks: WebhookSettings,
     /// The webhook HTTP client, or why it could not be built.
     sender: Result<Arc<Sender>, String>,
+    /// `object_store.url`, when it is a `file://` folder: the only place a job's own `file://`
+    /// checkpoint URI may point. None refuses every `file://` URI a request names.
+    local_objects: Option<String>,
 }
 
 impl AppState {
@@ -75,6 +78,7 @@ impl AppState {
                 sender: Sender::new(&WebhookSettings::default())
                     .map(Arc::new)
                     .map_err(|e| e.to_string()),
+                local_objects: None,
             }),
         }
     }
@@ -94,6 +98,43 @@ impl AppState {
             inner.sender = Ok(sender);
         }
         self
+    }
+
+    /// Sets the object store (`object_store.url`), under which a `file://` checkpoint URI named
+    /// in a job must lie.
+    pub fn with_object_store(mut self, url: &str) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.local_objects = url
+                .strip_prefix("file://")
+                .map(|path| format!("file://{}", path.trim_end_matches('/')));
+        }
+        self
+    }
+
+    /// Refuses a `file://` checkpoint URI outside the object store: a job could otherwise
+    /// have its node's agent write checkpoints into, and resume from, any folder the agent can
+    /// reach (`file:///etc`). Other schemes name buckets that the agent's own cloud
+    /// credentials guard.
+    pub fn check_checkpoint_uri(&self, uri: &str) -> Result<(), String> {
+        let Some(path) = uri.strip_prefix("file://") else {
+            return Ok(());
+        };
+        let under = self.inner.local_objects.as_deref().and_then(|root| {
+            let root = root.strip_prefix("file://")?;
+            let rest = path.strip_prefix(root)?.strip_prefix('/')?;
+            (!root.is_empty() && !rest.split('/').any(|seg| seg == ".." || seg == "."))
+                .then_some(())
+        });
+        match (under, &self.inner.local_objects) {
+            (Some(()), _) => Ok(()),
+            (None, Some(root)) => Err(format!(
+                "a file:// checkpoint URI must lie under the object store, {root}/"
+            )),
+            (None, None) => Err(
+                "file:// checkpoint URIs are not accepted: the object store is not a local folder"
+                    .into(),
+            ),
+        }
     }
 
     pub fn webhook_settings(&self) -> &WebhookSettings {
