@@ -53,7 +53,10 @@ async fn every_list_refuses_a_bad_cursor_or_limit_with_400_naming_it(backend: Ba
         // The node of /commands does not exist: paging is judged before the lookup.
         for (query, field) in [
             // `garbage` is a fine team name, so a fine cursor of /v1/teams.
-            ("cursor=garbage", if list == "/v1/teams" { "" } else { "cursor" }),
+            (
+                "cursor=garbage",
+                if list == "/v1/teams" { "" } else { "cursor" },
+            ),
             ("cursor=NOT%20a%20cursor%21", "cursor"),
             ("cursor=", "cursor"),
             ("cursor=a&cursor=b", "cursor"),
@@ -109,7 +112,11 @@ async fn every_list_pages_through_all_its_items_once(backend: Backend) {
             assert_eq!(s, StatusCode::OK, "{path} -> {v}");
             let items = v["items"].as_array().expect("items");
             assert!(items.len() <= 2, "{path} -> {v}");
-            seen.extend(items.iter().map(|i| i[key].as_str().expect("key").to_owned()));
+            seen.extend(
+                items
+                    .iter()
+                    .map(|i| i[key].as_str().expect("key").to_owned()),
+            );
             pages += 1;
             match v["next_cursor"].as_str() {
                 Some(c) => cursor = Some(c.to_owned()),
@@ -118,7 +125,12 @@ async fn every_list_pages_through_all_its_items_once(backend: Backend) {
             assert!(pages < 20, "{list} never ends");
         }
         let (_, all) = srv
-            .call(Method::GET, &format!("{list}?limit=500"), Some(ADMIN_TOKEN), None)
+            .call(
+                Method::GET,
+                &format!("{list}?limit=500"),
+                Some(ADMIN_TOKEN),
+                None,
+            )
             .await;
         let all: Vec<String> = all["items"]
             .as_array()
@@ -127,7 +139,10 @@ async fn every_list_pages_through_all_its_items_once(backend: Backend) {
             .map(|i| i[key].as_str().expect("key").to_owned())
             .collect();
         assert!(all.len() >= 5, "{list}: {all:?}");
-        assert_eq!(seen, all, "{list}: pages of two give every item once, in order");
+        assert_eq!(
+            seen, all,
+            "{list}: pages of two give every item once, in order"
+        );
     }
     srv.stop().await;
 }
@@ -147,7 +162,10 @@ async fn bodies_with_holes_are_refused_naming_the_field(backend: Backend) {
         (with("deadline", json!("2099-01-01T00:00:00Z")), "deadline"),
         (with("work_hours", json!(1e-300)), "work_hours"),
         (
-            with("checkpoint", json!({"uri": "file:///etc", "interval_s": 600})),
+            with(
+                "checkpoint",
+                json!({"uri": "file:///etc", "interval_s": 600}),
+            ),
             "checkpoint.uri",
         ),
     ] {
@@ -217,12 +235,15 @@ async fn bodies_with_holes_are_refused_naming_the_field(backend: Backend) {
             Some(&json!({"monthly_usd": 0.000001})),
         )
         .await;
-    assert_eq!((s, v["monthly_usd"].as_f64()), (StatusCode::OK, Some(0.000001)), "{v}");
+    assert_eq!(
+        (s, v["monthly_usd"].as_f64()),
+        (StatusCode::OK, Some(0.000001)),
+        "{v}"
+    );
 
     // A big bad request gets a small answer: 20 errors listed, the rest counted.
-    let env: serde_json::Map<String, Value> = (0..5000)
-        .map(|i| (format!("{i}BAD"), json!("x")))
-        .collect();
+    let env: serde_json::Map<String, Value> =
+        (0..5000).map(|i| (format!("{i}BAD"), json!("x"))).collect();
     let (s, v) = srv
         .call(
             Method::POST,
@@ -252,7 +273,10 @@ async fn a_caller_without_the_role_gets_403_whatever_body_it_sent(backend: Backe
     ] {
         for (body, headers) in [
             (None, vec![]),
-            (Some(b"name=x".to_vec()), vec![("content-type", "text/plain")]),
+            (
+                Some(b"name=x".to_vec()),
+                vec![("content-type", "text/plain")],
+            ),
             (
                 Some(vec![b'x'; 300 * 1024]),
                 vec![("content-type", "application/json")],
@@ -261,7 +285,11 @@ async fn a_caller_without_the_role_gets_403_whatever_body_it_sent(backend: Backe
             let (s, _, v) = srv
                 .raw(method.clone(), path, Some(&team), body, &headers)
                 .await;
-            assert_eq!(s, StatusCode::FORBIDDEN, "{method} {path} {headers:?} -> {v}");
+            assert_eq!(
+                s,
+                StatusCode::FORBIDDEN,
+                "{method} {path} {headers:?} -> {v}"
+            );
         }
     }
     // The admin still hears what is wrong with the body.
@@ -287,7 +315,10 @@ async fn the_sqlite_database_is_readable_by_its_owner_only() {
     // A write, so the -wal and -shm files exist.
     srv.team_with_token("alpha").await;
     let url = srv.db.config.database.url.clone();
-    let path = url.strip_prefix("sqlite://").expect("a sqlite URL").to_owned();
+    let path = url
+        .strip_prefix("sqlite://")
+        .expect("a sqlite URL")
+        .to_owned();
     let mut checked = 0;
     for suffix in ["", "-wal", "-shm"] {
         let file = format!("{path}{suffix}");

@@ -241,8 +241,8 @@ pub struct JobSpec {
     /// When the job must have finished; the planner falls back to on-demand capacity to keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DateTime<Utc>>,
-    /// Compute the job needs, in hours, when known. With a deadline, it lets the planner see
-    /// when the slack runs out and move the job to on-demand capacity in time.
+    /// Compute the job needs, in hours (0.001 to 100,000), when known. With a deadline, it lets
+    /// the planner see when the slack runs out and move the job to on-demand capacity in time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub work_hours: Option<f64>,
     /// The most the whole gang may cost per hour, in US dollars.

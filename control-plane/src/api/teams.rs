@@ -24,7 +24,7 @@ use crate::store::{NewTeam, TeamPatch};
 pub struct CreateTeam {
     /// Lowercase letters, digits, `-`, `_`, `.`; 1–63 characters. Also the team's address.
     pub name: String,
-    /// Fair-share weight, more than 0 and at most 1000 (default 1).
+    /// Fair-share weight, 0.001 to 1000 (default 1).
     #[serde(default = "default_weight")]
     pub weight: f64,
     /// Cohort to lend idle quota to and borrow from.
