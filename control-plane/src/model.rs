@@ -196,13 +196,48 @@ pub struct Offer {
     pub unavailable_until: Option<DateTime<Utc>>,
 }
 
-/// One page of a list, newest first.
+/// One page of a list, in the list's order (newest first unless its endpoint says otherwise).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Page<T> {
     pub items: Vec<T>,
     /// Pass as `cursor` to get the next page; absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
+}
+
+/// Page sizes of every list.
+pub const DEFAULT_PAGE_LIMIT: u64 = 50;
+pub const MAX_PAGE_LIMIT: u64 = 500;
+
+/// The page a list request asks for: the items after `after` (the key of the last item of the
+/// page before, which is what `next_cursor` holds), at most `limit` of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PageRequest<K> {
+    pub after: Option<K>,
+    /// 1 to [`MAX_PAGE_LIMIT`].
+    pub limit: u64,
+}
+
+impl<K> PageRequest<K> {
+    /// The first page.
+    pub fn first(limit: u64) -> Self {
+        PageRequest { after: None, limit }
+    }
+
+    /// Rows to read: one more than the page holds, to learn whether another page follows.
+    pub fn rows_to_read(&self) -> u64 {
+        self.limit.saturating_add(1)
+    }
+
+    /// Cuts `rows` (read with [`PageRequest::rows_to_read`], in the list's order) to the page,
+    /// and gives the cursor of the next page, `key` of the page's last row, when rows are left.
+    pub fn cut<R>(&self, mut rows: Vec<R>, key: impl Fn(&R) -> String) -> (Vec<R>, Option<String>) {
+        let limit = usize::try_from(self.limit).unwrap_or(usize::MAX);
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let next = if more { rows.last().map(key) } else { None };
+        (rows, next)
+    }
 }
 
 /// A webhook subscription, as listed: never its secret.

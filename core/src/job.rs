@@ -179,6 +179,12 @@ fn default_interval() -> u32 {
     DEFAULT_CHECKPOINT_INTERVAL_S
 }
 
+/// How far ahead a deadline may lie (ten years): further is a typo, not a plan.
+pub const MAX_DEADLINE_DAYS: i64 = 3653;
+/// The least compute a job may say it needs (3.6 seconds), and the most.
+pub const MIN_WORK_HOURS: f64 = 0.001;
+pub const MAX_WORK_HOURS: f64 = 100_000.0;
+
 /// URI schemes the checkpoint store understands.
 pub const CHECKPOINT_SCHEMES: [&str; 6] = ["s3", "gs", "az", "azure", "abfs", "file"];
 
@@ -235,8 +241,8 @@ pub struct JobSpec {
     /// When the job must have finished; the planner falls back to on-demand capacity to keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DateTime<Utc>>,
-    /// Compute the job needs, in hours, when known. With a deadline, it lets the planner see
-    /// when the slack runs out and move the job to on-demand capacity in time.
+    /// Compute the job needs, in hours (0.001 to 100,000), when known. With a deadline, it lets
+    /// the planner see when the slack runs out and move the job to on-demand capacity in time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub work_hours: Option<f64>,
     /// The most the whole gang may cost per hour, in US dollars.
@@ -368,6 +374,12 @@ impl JobSpec {
         } else if self.command[0].trim().is_empty() {
             errs.push("command[0]", "the program must not be empty");
         }
+        // A NUL cannot be passed to exec(2): an argument holding one would be cut short there.
+        for (i, arg) in self.command.iter().enumerate() {
+            if arg.contains('\0') {
+                errs.push(format!("command[{i}]"), "must not contain a NUL character");
+            }
+        }
         let arg_bytes: usize = self.command.iter().map(String::len).sum();
         if arg_bytes > 64 * 1024 {
             errs.push(
@@ -378,7 +390,7 @@ impl JobSpec {
         if let Some(image) = &self.image
             && (image.trim().is_empty()
                 || image.len() > 512
-                || image.chars().any(char::is_whitespace))
+                || image.chars().any(|c| c.is_whitespace() || c.is_control()))
         {
             errs.push(
                 "image",
@@ -400,12 +412,22 @@ impl JobSpec {
             if v.len() > 32 * 1024 {
                 errs.push(format!("env.{k}"), "values must be at most 32768 bytes");
             }
+            if v.contains('\0') {
+                errs.push(
+                    format!("env.{k}"),
+                    "values must not contain a NUL character",
+                );
+            }
         }
         if self.env.len() > 256 {
             errs.push("env", "at most 256 variables");
         }
         if let Some(c) = &self.checkpoint {
             match c.uri.split_once("://") {
+                _ if c.uri.chars().any(char::is_control) || c.uri.len() > 1024 => errs.push(
+                    "checkpoint.uri",
+                    "must be at most 1024 characters without control characters",
+                ),
                 Some((scheme, rest))
                     if CHECKPOINT_SCHEMES.contains(&scheme)
                         && !rest.trim_matches('/').is_empty() => {}
@@ -424,18 +446,32 @@ impl JobSpec {
                 );
             }
         }
-        if let Some(d) = self.deadline
-            && d <= now
-        {
-            errs.push(
-                "deadline",
-                format!("must lie in the future, got {}", d.to_rfc3339()),
-            );
+        if let Some(d) = self.deadline {
+            if d <= now {
+                errs.push(
+                    "deadline",
+                    format!("must lie in the future, got {}", d.to_rfc3339()),
+                );
+            } else if now
+                .checked_add_signed(chrono::Duration::days(MAX_DEADLINE_DAYS))
+                .is_none_or(|horizon| d > horizon)
+            {
+                errs.push(
+                    "deadline",
+                    format!(
+                        "must lie within {MAX_DEADLINE_DAYS} days (ten years), got {}",
+                        d.to_rfc3339()
+                    ),
+                );
+            }
         }
         if let Some(w) = self.work_hours
-            && !(w > 0.0 && w <= 100_000.0)
+            && !(MIN_WORK_HOURS..=MAX_WORK_HOURS).contains(&w)
         {
-            errs.push("work_hours", "must be more than 0 and at most 100000");
+            errs.push(
+                "work_hours",
+                format!("must be between {MIN_WORK_HOURS} and {MAX_WORK_HOURS}, got {w}"),
+            );
         }
         if let Some(p) = self.max_hourly_usd
             && (p.0 <= 0 || p > Micros::from_dollars(100_000))
@@ -697,6 +733,65 @@ mod tests {
                 "regions[0]"
             ]
         );
+    }
+
+    #[test]
+    fn nul_bytes_far_deadlines_and_tiny_work_are_refused() {
+        let fields_of = |spec: &JobSpec| -> Vec<String> {
+            spec.validate(now())
+                .iter()
+                .map(|e| e.field.clone())
+                .collect()
+        };
+        let base = JobSpec::new(
+            "a",
+            GpuShape::Whole {
+                gpus: 1,
+                models: vec![],
+            },
+            vec!["x".into()],
+        );
+        assert_eq!(fields_of(&base), Vec::<String>::new());
+
+        let mut spec = base.clone();
+        spec.command = vec!["python".into(), "a\0b".into()];
+        spec.env.insert("K".into(), "v\0".into());
+        spec.image = Some("ghcr.io/x\0:1".into());
+        spec.checkpoint = Some(CheckpointSpec {
+            uri: "s3://b/p\0".into(),
+            interval_s: 600,
+        });
+        assert_eq!(
+            fields_of(&spec),
+            ["command[1]", "image", "env.K", "checkpoint.uri"]
+        );
+
+        for year in [10000, 2040] {
+            let mut spec = base.clone();
+            spec.deadline = Utc.with_ymd_and_hms(year, 1, 1, 0, 0, 0).single();
+            assert!(spec.deadline.is_some());
+            assert_eq!(fields_of(&spec), ["deadline"], "{year}");
+        }
+        let mut spec = base.clone();
+        spec.deadline = Some(now() + chrono::Duration::days(MAX_DEADLINE_DAYS - 1));
+        assert_eq!(fields_of(&spec), Vec::<String>::new());
+
+        for w in [
+            1e-300,
+            0.0,
+            -1.0,
+            f64::MIN_POSITIVE,
+            0.0009,
+            f64::NAN,
+            100_001.0,
+        ] {
+            let mut spec = base.clone();
+            spec.work_hours = Some(w);
+            assert_eq!(fields_of(&spec), ["work_hours"], "{w}");
+        }
+        let mut spec = base.clone();
+        spec.work_hours = Some(MIN_WORK_HOURS);
+        assert_eq!(fields_of(&spec), Vec::<String>::new());
     }
 
     #[test]

@@ -54,8 +54,9 @@ impl Micros {
         }
         let rounded = scaled.round();
         // A value with more than six decimals is off the micro grid by much more than the
-        // float error of a six-decimal value (at most a few ulps of `scaled`).
-        if (scaled - rounded).abs() > 1e-3 {
+        // float error of a six-decimal value (at most a few ulps of `scaled`). A value that is
+        // not zero never becomes zero: $0.000000001 is refused, not stored as nothing.
+        if (scaled - rounded).abs() > 1e-3 || (rounded == 0.0 && usd != 0.0) {
             return Err(MoneyError::TooPrecise);
         }
         Ok(Micros(rounded as i64))
@@ -231,6 +232,19 @@ mod tests {
         assert_eq!(Micros::from_usd_f64(0.0000001), Err(MoneyError::TooPrecise));
         assert_eq!(Micros::from_usd_f64(f64::NAN), Err(MoneyError::NotFinite));
         assert_eq!(Micros::from_usd_f64(1e12), Err(MoneyError::OutOfRange));
+    }
+
+    #[test]
+    fn a_tiny_amount_is_refused_rather_than_stored_as_zero() {
+        for tiny in [1e-9, -1e-9, 1e-300, 4e-7, f64::MIN_POSITIVE] {
+            assert_eq!(
+                Micros::from_usd_f64(tiny),
+                Err(MoneyError::TooPrecise),
+                "{tiny}"
+            );
+        }
+        assert_eq!(Micros::from_usd_f64(0.0), Ok(Micros(0)));
+        assert_eq!(Micros::from_usd_f64(-0.0), Ok(Micros(0)));
     }
 
     #[test]

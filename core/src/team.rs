@@ -81,6 +81,11 @@ pub struct Quota {
 /// The most GPUs a quota may name (a sanity bound against typos, not a product limit).
 pub const MAX_QUOTA: u32 = 1_000_000;
 
+/// Bounds of a team's fair-share weight. Shares are divided by weights, so a weight such as
+/// 1e-300 would turn any use into an absurd share; the floor is a thousandth.
+pub const MIN_WEIGHT: f64 = 0.001;
+pub const MAX_WEIGHT: f64 = 1000.0;
+
 /// Validates a team's settings; paths are relative to the team object.
 pub fn validate_team_settings(
     name: Option<&str>,
@@ -95,11 +100,11 @@ pub fn validate_team_settings(
         errs.push("name", m);
     }
     if let Some(w) = weight
-        && (!w.is_finite() || w <= 0.0 || w > 1000.0)
+        && !(MIN_WEIGHT..=MAX_WEIGHT).contains(&w)
     {
         errs.push(
             "weight",
-            format!("must be more than 0 and at most 1000, got {w}"),
+            format!("must be between {MIN_WEIGHT} and {MAX_WEIGHT}, got {w}"),
         );
     }
     if let Some(c) = cohort
@@ -138,6 +143,30 @@ pub fn validate_team_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_weight_must_be_between_a_thousandth_and_a_thousand() {
+        for w in [
+            1e-300,
+            f64::MIN_POSITIVE,
+            0.0,
+            -1.0,
+            0.0009,
+            1000.5,
+            f64::NAN,
+            f64::INFINITY,
+        ] {
+            let errs = validate_team_settings(None, Some(w), None, None);
+            let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
+            assert_eq!(fields, ["weight"], "{w}");
+        }
+        for w in [MIN_WEIGHT, 1.0, MAX_WEIGHT] {
+            assert!(
+                validate_team_settings(None, Some(w), None, None).is_empty(),
+                "{w}"
+            );
+        }
+    }
 
     #[test]
     fn quota_resources_parse_models_and_mig_profiles() {

@@ -20,11 +20,11 @@ use spotplane_core::agent::{
     CheckpointOutcome, CheckpointReport, CommandKind, CommandResult, Heartbeat, HeartbeatResponse,
     PROTOCOL_VERSION, RegisterRequest, RegisterResponse,
 };
-use spotplane_core::{Cloud, FieldErrors, JobId, NodeId};
+use spotplane_core::{CheckpointId, Cloud, CommandId, FieldErrors, JobId, NodeId};
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::extract::{Auth, JsonBody};
+use super::extract::{Auth, JsonBody, Listing, NoFilter, PageParams};
 use super::problem::{ApiError, Problem};
 use crate::model::{Page, Role};
 use crate::store::{
@@ -428,21 +428,20 @@ pub async fn queue_command(
 }
 
 #[utoipa::path(get, path = "/v1/nodes/{id}/commands", tag = "agent",
-    params(("id" = String, Path, description = "Node id")),
-    responses((status = 200, body = Page<CommandRecord>), (status = 404, body = Problem)), security(("bearer" = [])))]
+    description = "The commands sent to the node's agent, newest first.",
+    params(("id" = String, Path, description = "Node id"), PageParams),
+    responses((status = 200, body = Page<CommandRecord>), (status = 400, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
 pub async fn list_commands(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
+    Listing { page, .. }: Listing<NoFilter, CommandId>,
 ) -> Result<Json<Page<CommandRecord>>, ApiError> {
     auth.require(&[Role::Admin, Role::Finance])?;
     let node_id = parse_node_id(&id)?;
     state.store().get_node(node_id).await?;
-    let items = state.store().agent_commands(node_id).await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(Json(state.store().agent_commands(node_id, &page).await?))
 }
 
 #[utoipa::path(get, path = "/v1/nodes/{id}/agent", tag = "agent",
@@ -462,12 +461,14 @@ pub async fn agent_status(
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints", tag = "jobs",
     description = "The job's checkpoints, newest first; the latest `complete` one of a replica is its resume point.",
-    params(("id" = String, Path, description = "Job id")),
-    responses((status = 200, body = Page<CheckpointRecord>), (status = 404, body = Problem)), security(("bearer" = [])))]
+    params(("id" = String, Path, description = "Job id"), PageParams),
+    responses((status = 200, body = Page<CheckpointRecord>), (status = 400, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
 pub async fn job_checkpoints(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
+    Listing { page, .. }: Listing<NoFilter, CheckpointId>,
 ) -> Result<Json<Page<CheckpointRecord>>, ApiError> {
     let p = auth.require(&[Role::Admin, Role::Team])?;
     let job_id: JobId = id
@@ -478,11 +479,9 @@ pub async fn job_checkpoints(
         _ => None,
     };
     state.store().get_job(job_id, team).await?;
-    let items = state.store().job_checkpoints(job_id).await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(Json(
+        state.store().job_checkpoints_page(job_id, &page).await?,
+    ))
 }
 
 #[cfg(test)]

@@ -3,13 +3,14 @@
 use axum::Json;
 use axum::extract::State;
 use serde::Deserialize;
-use spotplane_core::NodeState;
+use spotplane_core::{NodeId, NodeState};
 use utoipa::IntoParams;
 
 use super::AppState;
-use super::extract::{ApiQuery, Auth, comma_list};
+use super::extract::{Auth, Listing, NoFilter, PageParams, comma_list};
 use super::problem::{ApiError, Problem};
 use crate::model::{Node, Offer, Page, Role};
+use crate::store::OfferCursor;
 
 /// Filters for listing nodes.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -20,34 +21,30 @@ pub struct ListNodes {
     pub state: Option<String>,
 }
 
-#[utoipa::path(get, path = "/v1/nodes", tag = "cluster", params(ListNodes),
-    responses((status = 200, body = Page<Node>), (status = 422, body = Problem)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/nodes", tag = "cluster", description = "Nodes, newest first.",
+    params(ListNodes, PageParams),
+    responses((status = 200, body = Page<Node>), (status = 400, body = Problem), (status = 422, body = Problem)),
+    security(("bearer" = [])))]
 pub async fn list_nodes(
     State(state): State<AppState>,
     auth: Auth,
-    ApiQuery(q): ApiQuery<ListNodes>,
+    Listing { filter: q, page }: Listing<ListNodes, NodeId>,
 ) -> Result<Json<Page<Node>>, ApiError> {
     auth.require(&[Role::Admin, Role::Finance])?;
     let mut errs = spotplane_core::FieldErrors::new();
     let states: Vec<NodeState> = comma_list(q.state.as_deref(), "state", &mut errs);
     errs.into_result()?;
-    let items = state.store().list_nodes(&states).await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(Json(state.store().list_nodes_page(&states, &page).await?))
 }
 
-#[utoipa::path(get, path = "/v1/offers", tag = "cluster",
-    responses((status = 200, body = Page<Offer>)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/offers", tag = "cluster", description = "Offers, cheapest first.",
+    params(PageParams),
+    responses((status = 200, body = Page<Offer>), (status = 400, body = Problem)), security(("bearer" = [])))]
 pub async fn list_offers(
     State(state): State<AppState>,
     auth: Auth,
+    Listing { page, .. }: Listing<NoFilter, OfferCursor>,
 ) -> Result<Json<Page<Offer>>, ApiError> {
     auth.require(&[Role::Admin, Role::Finance])?;
-    let items = state.store().list_offers().await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(Json(state.store().list_offers(&page).await?))
 }

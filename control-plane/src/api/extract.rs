@@ -3,24 +3,49 @@
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Query, Request};
-use axum::http::header;
+use std::str::FromStr;
+
 use axum::http::request::Parts;
+use axum::http::{Uri, header};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use url::form_urlencoded;
+use utoipa::IntoParams;
 
 use super::AppState;
 use super::problem::ApiError;
-use crate::model::Role;
+use crate::model::{DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT, PageRequest, Role};
 use crate::store::Principal;
 
 /// A JSON request body, read but not yet parsed: handlers check the caller's role first and
-/// then [`JsonBody::parse`] it, so a caller without the role gets 403 whatever it sent.
+/// then [`JsonBody::parse`] it, so a caller without the role gets 403 whatever it sent (no body,
+/// another media type, too large a body). What is wrong with the body is only answered by
+/// `parse`.
 #[derive(Debug, Clone)]
-pub struct JsonBody(Bytes);
+pub struct JsonBody(Result<Bytes, BodyRefused>);
+
+/// Why a body could not be read, kept until [`JsonBody::parse`].
+#[derive(Debug, Clone)]
+enum BodyRefused {
+    NotJson,
+    TooLarge { limit: usize },
+    Unreadable(String),
+}
 
 impl JsonBody {
     /// Parses the body, naming the first offending field in errors.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
-        parse_json(&self.0)
+        match &self.0 {
+            Ok(bytes) => parse_json(bytes),
+            Err(BodyRefused::NotJson) => Err(ApiError::UnsupportedMediaType),
+            Err(BodyRefused::TooLarge { limit }) => {
+                Err(ApiError::PayloadTooLarge { limit: *limit })
+            }
+            Err(BodyRefused::Unreadable(detail)) => Err(ApiError::BadRequest {
+                detail: detail.clone(),
+                field: None,
+            }),
+        }
     }
 }
 
@@ -40,7 +65,7 @@ impl FromRequest<AppState> for JsonBody {
             })
             .unwrap_or(false);
         if !is_json {
-            return Err(ApiError::UnsupportedMediaType);
+            return Ok(JsonBody(Err(BodyRefused::NotJson)));
         }
         let bytes = Bytes::from_request(req, state)
             .await
@@ -48,15 +73,12 @@ impl FromRequest<AppState> for JsonBody {
                 BytesRejection::FailedToBufferBody(_)
                     if rej.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE =>
                 {
-                    ApiError::PayloadTooLarge {
+                    BodyRefused::TooLarge {
                         limit: state.max_body_bytes(),
                     }
                 }
-                other => ApiError::BadRequest {
-                    detail: other.body_text(),
-                    field: None,
-                },
-            })?;
+                other => BodyRefused::Unreadable(other.body_text()),
+            });
         Ok(JsonBody(bytes))
     }
 }
@@ -74,8 +96,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         }
         Some(_) => return Err(ApiError::field("body", "expected a JSON object")),
     }
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|err| {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();
         match inner.classify() {
@@ -91,7 +113,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                 ApiError::field(field, message)
             }
         }
-    })
+    })?;
+    // One JSON document and nothing after it (but whitespace): `{...}xyz` is malformed, not
+    // a request with a comment.
+    de.end().map_err(|e| ApiError::BadRequest {
+        detail: format!("malformed JSON: {e} after the object"),
+        field: Some("body".into()),
+    })?;
+    Ok(value)
 }
 
 /// serde_json appends " at line 1 column 42" to data errors; the field path says more.
@@ -156,27 +185,126 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiQuer
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(q)| ApiQuery(q))
-            .map_err(|rej: QueryRejection| {
-                let text = rej.body_text();
-                let detail = text
-                    .strip_prefix("Failed to deserialize query string: ")
-                    .unwrap_or(&text)
-                    .to_owned();
-                // serde_urlencoded (through serde_path_to_error) says "<field>: <what>".
-                let field = match detail.split_once(": ") {
-                    Some((name, _))
-                        if !name.is_empty()
-                            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
-                    {
-                        format!("query.{name}")
-                    }
-                    _ => "query".to_owned(),
-                };
-                ApiError::BadRequest {
-                    detail,
-                    field: Some(field),
+            .map_err(query_problem)
+    }
+}
+
+/// serde_urlencoded (through serde_path_to_error) says "<field>: <what>".
+fn query_problem(rej: QueryRejection) -> ApiError {
+    let text = rej.body_text();
+    let detail = text
+        .strip_prefix("Failed to deserialize query string: ")
+        .unwrap_or(&text)
+        .to_owned();
+    let field = match detail.split_once(": ") {
+        Some((name, _))
+            if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+        {
+            format!("query.{name}")
+        }
+        _ => "query".to_owned(),
+    };
+    ApiError::BadRequest {
+        detail,
+        field: Some(field),
+    }
+}
+
+/// The paging parameters every list takes, for the OpenAPI document; [`Listing`] reads them.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PageParams {
+    /// `next_cursor` of the previous page. Anything else is `400` naming `cursor`.
+    pub cursor: Option<String>,
+    /// Page size, 1 to 500 (default 50). Anything else is `400` naming `limit`.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 500)]
+    pub limit: Option<String>,
+}
+
+/// The filters of a list that has none but paging: any other parameter is refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoFilter {}
+
+/// A list request: the endpoint's own filters `F` from the query string, and the page it asks
+/// for, whose cursor is a `K` (the sort key of the last item of the page before).
+///
+/// Every list endpoint takes its paging through this one type, so every list has one rule:
+/// `cursor` must parse as a cursor of that list and `limit` must be a whole number from 1 to
+/// [`MAX_PAGE_LIMIT`]; anything else, including a parameter given twice, is `400` naming it.
+#[derive(Debug, Clone)]
+pub struct Listing<F, K> {
+    pub filter: F,
+    pub page: PageRequest<K>,
+}
+
+fn paging_problem(field: &str, detail: String) -> ApiError {
+    ApiError::BadRequest {
+        detail,
+        field: Some(field.to_owned()),
+    }
+}
+
+impl<F, K, S> FromRequestParts<S> for Listing<F, K>
+where
+    F: DeserializeOwned + Send,
+    K: FromStr + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or_default();
+        let mut cursor: Option<String> = None;
+        let mut limit: Option<String> = None;
+        let mut rest = form_urlencoded::Serializer::new(String::new());
+        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+            let slot = match name.as_ref() {
+                "cursor" => &mut cursor,
+                "limit" => &mut limit,
+                _ => {
+                    rest.append_pair(&name, &value);
+                    continue;
                 }
-            })
+            };
+            if slot.replace(value.into_owned()).is_some() {
+                return Err(paging_problem(&name, "given more than once".into()));
+            }
+        }
+        let limit = match limit {
+            None => DEFAULT_PAGE_LIMIT,
+            Some(text) => match text.parse::<u64>() {
+                Ok(n) if (1..=MAX_PAGE_LIMIT).contains(&n) => n,
+                _ => {
+                    return Err(paging_problem(
+                        "limit",
+                        format!("must be a whole number from 1 to {MAX_PAGE_LIMIT}"),
+                    ));
+                }
+            },
+        };
+        let after = match cursor {
+            None => None,
+            Some(text) => Some(text.parse::<K>().map_err(|_| {
+                paging_problem(
+                    "cursor",
+                    "not a cursor returned by this endpoint; pass a page's next_cursor as is"
+                        .into(),
+                )
+            })?),
+        };
+        let uri: Uri =
+            format!("/?{}", rest.finish())
+                .parse()
+                .map_err(|_| ApiError::BadRequest {
+                    detail: "the query string cannot be read".into(),
+                    field: Some("query".into()),
+                })?;
+        let Query(filter) = Query::<F>::try_from_uri(&uri).map_err(query_problem)?;
+        Ok(Listing {
+            filter,
+            page: PageRequest { after, limit },
+        })
     }
 }
 

@@ -236,7 +236,10 @@ pub async fn put_budget(
         .store()
         .set_team_budget(&t.id, monthly, state.now())
         .await?;
-    Ok(Json(b))
+    // What was stored, which is what alerts are measured against.
+    Ok(Json(Budget {
+        monthly_usd: monthly.map(|m| m.as_usd_f64()),
+    }))
 }
 
 impl AppState {

@@ -15,15 +15,13 @@ use spotplane_core::{JobId, JobState};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
-use super::extract::{ApiQuery, Auth, JsonBody, comma_list};
+use super::extract::{Auth, JsonBody, Listing, NoFilter, PageParams, comma_list};
 use super::problem::{ApiError, Problem};
 use crate::model::{Job, JobEvent, Page, Role};
 use crate::store::{JobFilter, NewJob, Principal, SubmitOutcome, new_uuid};
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
-const DEFAULT_LIMIT: u64 = 50;
-const MAX_LIMIT: u64 = 500;
 
 /// The team a request acts for: a team token's own team, or for an admin the one named.
 /// Returns the internal id (None: all teams, admins only).
@@ -94,7 +92,13 @@ pub async fn submit_job(
             ));
         }
     };
-    spec.validate(now).into_result()?;
+    let mut errs = spec.validate(now);
+    if let Some(c) = &spec.checkpoint
+        && let Err(why) = state.check_checkpoint_uri(&c.uri)
+    {
+        errs.push("checkpoint.uri", why);
+    }
+    errs.into_result()?;
     let idempotency = key.map(|k| {
         let mut canonical = spec.clone();
         canonical.team = Some(team.clone());
@@ -142,37 +146,21 @@ pub async fn submit_job(
 pub struct ListJobs {
     /// Comma-separated states, e.g. `queued,running`.
     pub state: Option<String>,
-    /// Page size, 1 to 500 (default 50).
-    pub limit: Option<u64>,
-    /// `next_cursor` of the previous page.
-    pub cursor: Option<String>,
     /// Only this team's jobs (admin tokens; team tokens always see their own).
     pub team: Option<String>,
 }
 
-#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(ListJobs),
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(ListJobs, PageParams),
     responses((status = 200, body = Page<Job>), (status = 400, body = Problem), (status = 422, body = Problem)),
     security(("bearer" = [])))]
 pub async fn list_jobs(
     State(state): State<AppState>,
     auth: Auth,
-    ApiQuery(q): ApiQuery<ListJobs>,
+    Listing { filter: q, page }: Listing<ListJobs, JobId>,
 ) -> Result<Json<Page<Job>>, ApiError> {
     let p = auth.require(&[Role::Admin, Role::Team])?;
     let mut errs = spotplane_core::FieldErrors::new();
     let states: Vec<JobState> = comma_list(q.state.as_deref(), "state", &mut errs);
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    if limit == 0 || limit > MAX_LIMIT {
-        errs.push("limit", format!("must be between 1 and {MAX_LIMIT}"));
-    }
-    let before = match q.cursor.as_deref().map(str::parse::<JobId>) {
-        Some(Ok(id)) => Some(id),
-        Some(Err(_)) => {
-            errs.push("cursor", "not a cursor returned by this endpoint");
-            None
-        }
-        None => None,
-    };
     errs.into_result()?;
     let team_id = match (scope(p), q.team) {
         (Some(own), _) => Some(own.to_owned()),
@@ -182,8 +170,8 @@ pub async fn list_jobs(
     let filter = JobFilter {
         team_id,
         states,
-        before,
-        limit,
+        before: page.after,
+        limit: page.limit,
     };
     Ok(Json(state.store().list_jobs(&filter).await?))
 }
@@ -255,39 +243,39 @@ pub async fn cancel_job(
     Ok(Json(job))
 }
 
-/// Paging through a job's history.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListEvents {
-    /// `next_cursor` of the previous page.
-    pub cursor: Option<i64>,
-    /// Page size, 1 to 500 (default 500).
-    pub limit: Option<u64>,
-}
-
 #[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs",
-    params(("id" = String, Path, description = "Job id"), ListEvents),
-    responses((status = 200, body = Page<JobEvent>), (status = 404, body = Problem)), security(("bearer" = [])))]
+    description = "The job's history, oldest first.",
+    params(("id" = String, Path, description = "Job id"), PageParams),
+    responses((status = 200, body = Page<JobEvent>), (status = 400, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
 pub async fn job_events(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
-    ApiQuery(q): ApiQuery<ListEvents>,
+    Listing { page, .. }: Listing<NoFilter, EventSeq>,
 ) -> Result<Json<Page<JobEvent>>, ApiError> {
     let p = auth.require(&[Role::Admin, Role::Team])?;
     let id = parse_job_id(&id)?;
-    let limit = q.limit.unwrap_or(MAX_LIMIT);
-    if limit == 0 || limit > MAX_LIMIT {
-        return Err(ApiError::field(
-            "limit",
-            format!("must be between 1 and {MAX_LIMIT}"),
-        ));
-    }
+    let after = page.after.map(|EventSeq(seq)| seq);
     Ok(Json(
         state
             .store()
-            .job_events(id, scope(p), q.cursor, limit)
+            .job_events(id, scope(p), after, page.limit)
             .await?,
     ))
+}
+
+/// The cursor of a job's history: the `seq` of the last event read, a positive number.
+#[derive(Debug, Clone, Copy)]
+pub struct EventSeq(i64);
+
+impl std::str::FromStr for EventSeq {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.parse::<i64>() {
+            Ok(seq) if seq > 0 => Ok(EventSeq(seq)),
+            _ => Err(()),
+        }
+    }
 }

@@ -64,6 +64,9 @@ struct Inner {
     /// `object_store.url`: jobs without a checkpoint URI of their own keep theirs under
     /// `<url>/jobs/<id>`, and agents' checkpoint reports must stay under it.
     object_store_url: String,
+    /// `object_store.url`, when it is a `file://` folder: the only place a job's own `file://`
+    /// checkpoint URI may point. None refuses every `file://` URI a request names.
+    local_objects: Option<String>,
 }
 
 impl AppState {
@@ -85,6 +88,7 @@ impl AppState {
                 // Until `with_object_store`, no job without a URI of its own has a prefix
                 // (its reports are refused).
                 object_store_url: String::new(),
+                local_objects: None,
             }),
         }
     }
@@ -107,16 +111,46 @@ impl AppState {
         self
     }
 
-    /// Sets the object store jobs' checkpoints go to by default (before the state is shared).
+    /// Sets the object store jobs' checkpoints go to by default (before the state is shared);
+    /// a `file://` checkpoint URI named in a job must lie under it.
     pub fn with_object_store(mut self, url: &str) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.object_store_url = url.to_owned();
+            inner.local_objects = url
+                .strip_prefix("file://")
+                .map(|path| format!("file://{}", path.trim_end_matches('/')));
         }
         self
     }
 
     pub fn object_store_url(&self) -> &str {
         &self.inner.object_store_url
+    }
+
+    /// Refuses a `file://` checkpoint URI outside the object store: a job could otherwise
+    /// have its node's agent write checkpoints into, and resume from, any folder the agent can
+    /// reach (`file:///etc`). Other schemes name buckets that the agent's own cloud
+    /// credentials guard.
+    pub fn check_checkpoint_uri(&self, uri: &str) -> Result<(), String> {
+        let Some(path) = uri.strip_prefix("file://") else {
+            return Ok(());
+        };
+        let under = self.inner.local_objects.as_deref().and_then(|root| {
+            let root = root.strip_prefix("file://")?;
+            let rest = path.strip_prefix(root)?.strip_prefix('/')?;
+            (!root.is_empty() && !rest.split('/').any(|seg| seg == ".." || seg == "."))
+                .then_some(())
+        });
+        match (under, &self.inner.local_objects) {
+            (Some(()), _) => Ok(()),
+            (None, Some(root)) => Err(format!(
+                "a file:// checkpoint URI must lie under the object store, {root}/"
+            )),
+            (None, None) => Err(
+                "file:// checkpoint URIs are not accepted: the object store is not a local folder"
+                    .into(),
+            ),
+        }
     }
 
     pub fn webhook_settings(&self) -> &WebhookSettings {

@@ -27,9 +27,33 @@ pub struct Problem {
     /// The first offending field, when the problem is about a field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
-    /// Every offending field with what is wrong with it.
+    /// The offending fields with what is wrong with each: the first
+    /// [`MAX_PROBLEM_ERRORS`], in the order the rules were checked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<FieldError>,
+    /// How many more offending fields there were beyond those listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub errors_omitted: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// At most this many field errors are listed in a problem; the rest are counted in
+/// `errors_omitted`, so a large bad request cannot make a larger answer.
+pub const MAX_PROBLEM_ERRORS: usize = 20;
+/// Field paths and messages are cut to this many characters (they can quote the request).
+const MAX_ERROR_TEXT: usize = 256;
+/// A problem's `detail` is cut to this many characters.
+const MAX_DETAIL: usize = 1024;
+
+/// `text`, cut to at most `max` characters with an ellipsis where it was cut.
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
 }
 
 /// Everything a handler can answer besides success.
@@ -135,7 +159,26 @@ impl ApiError {
     pub fn to_problem(&self) -> Problem {
         let (status, kind, title) = self.parts();
         let (detail, errors) = match self {
-            ApiError::Validation(errs) => (Some(errs.to_string()), errs.clone().into_vec()),
+            ApiError::Validation(errs) => {
+                let shown: Vec<FieldError> =
+                    errs.iter().take(MAX_PROBLEM_ERRORS).cloned().collect();
+                let mut detail = shown
+                    .iter()
+                    .map(|e| {
+                        format!(
+                            "{}: {}",
+                            cut(&e.field, MAX_ERROR_TEXT),
+                            cut(&e.message, MAX_ERROR_TEXT)
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let omitted = errs.len().saturating_sub(shown.len());
+                if omitted > 0 {
+                    detail.push_str(&format!("; and {omitted} more"));
+                }
+                (Some(detail), shown)
+            }
             ApiError::BadRequest { detail, field } => (
                 Some(detail.clone()),
                 field
@@ -152,13 +195,25 @@ impl ApiError {
             ),
             other => (Some(other.to_string()), Vec::new()),
         };
+        let errors_omitted = match self {
+            ApiError::Validation(errs) => errs.len().saturating_sub(errors.len()),
+            _ => 0,
+        };
+        let errors: Vec<FieldError> = errors
+            .into_iter()
+            .map(|e| FieldError {
+                field: cut(&e.field, MAX_ERROR_TEXT),
+                message: cut(&e.message, MAX_ERROR_TEXT),
+            })
+            .collect();
         Problem {
             kind: format!("urn:spotplane:problem:{kind}"),
             title: title.into(),
             status: status.as_u16(),
-            detail,
+            detail: detail.map(|d| cut(&d, MAX_DETAIL)),
             field: errors.first().map(|e| e.field.clone()),
             errors,
+            errors_omitted,
         }
     }
 }
@@ -207,5 +262,53 @@ impl From<StoreError> for ApiError {
 impl From<FieldErrors> for ApiError {
     fn from(e: FieldErrors) -> Self {
         ApiError::Validation(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_lists_at_most_twenty_errors_and_counts_the_rest() {
+        let mut errs = FieldErrors::new();
+        for i in 0..5000 {
+            errs.push(format!("env.K{i}{}", "x".repeat(2000)), "y".repeat(5000));
+        }
+        let problem = ApiError::Validation(errs).to_problem();
+        assert_eq!(problem.errors.len(), MAX_PROBLEM_ERRORS);
+        assert_eq!(problem.errors_omitted, 5000 - MAX_PROBLEM_ERRORS);
+        assert!(
+            problem
+                .errors
+                .iter()
+                .all(|e| e.field.chars().count() <= 257)
+        );
+        assert!(
+            problem
+                .errors
+                .iter()
+                .all(|e| e.message.chars().count() <= 257)
+        );
+        let body = serde_json::to_vec(&problem).expect("json");
+        assert!(body.len() < 16 * 1024, "{} bytes", body.len());
+        let back: Problem = serde_json::from_slice(&body).expect("parses");
+        assert_eq!(back.errors_omitted, 5000 - MAX_PROBLEM_ERRORS);
+    }
+
+    #[test]
+    fn a_short_problem_is_listed_whole() {
+        let mut errs = FieldErrors::new();
+        errs.push("name", "must not be empty");
+        errs.push("replicas", "must be between 1 and 1024");
+        let problem = ApiError::Validation(errs).to_problem();
+        assert_eq!(problem.errors.len(), 2);
+        assert_eq!(problem.errors_omitted, 0);
+        assert_eq!(
+            problem.detail.as_deref(),
+            Some("name: must not be empty; replicas: must be between 1 and 1024")
+        );
+        let json = serde_json::to_value(&problem).expect("json");
+        assert!(json.get("errors_omitted").is_none());
     }
 }

@@ -12,7 +12,7 @@ use spotplane_core::team::{Quota, QuotaResource, validate_team_settings};
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::extract::{Auth, JsonBody};
+use super::extract::{Auth, JsonBody, Listing, NoFilter, PageParams};
 use super::problem::{ApiError, Problem};
 use crate::model::{Page, Role, Team};
 use crate::store::{NewTeam, TeamPatch};
@@ -24,7 +24,7 @@ use crate::store::{NewTeam, TeamPatch};
 pub struct CreateTeam {
     /// Lowercase letters, digits, `-`, `_`, `.`; 1–63 characters. Also the team's address.
     pub name: String,
-    /// Fair-share weight, more than 0 and at most 1000 (default 1).
+    /// Fair-share weight, 0.001 to 1000 (default 1).
     #[serde(default = "default_weight")]
     pub weight: f64,
     /// Cohort to lend idle quota to and borrow from.
@@ -103,18 +103,16 @@ pub async fn create_team(
     ))
 }
 
-#[utoipa::path(get, path = "/v1/teams", tag = "teams",
-    responses((status = 200, body = Page<Team>)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/teams", tag = "teams", description = "Teams, by name.",
+    params(PageParams),
+    responses((status = 200, body = Page<Team>), (status = 400, body = Problem)), security(("bearer" = [])))]
 pub async fn list_teams(
     State(state): State<AppState>,
     auth: Auth,
+    Listing { page, .. }: Listing<NoFilter, TeamName>,
 ) -> Result<Json<Page<Team>>, ApiError> {
     auth.require(&[Role::Admin, Role::Finance])?;
-    let items = state.store().list_teams().await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(Json(state.store().list_teams(&page).await?))
 }
 
 #[utoipa::path(get, path = "/v1/teams/{team}", tag = "teams",

@@ -8,11 +8,12 @@ use axum::response::IntoResponse;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use spotplane_core::FieldErrors;
+use spotplane_core::TokenId;
 use spotplane_core::validate::check_name;
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::extract::{Auth, JsonBody};
+use super::extract::{Auth, JsonBody, Listing, NoFilter, PageParams};
 use super::problem::{ApiError, Problem};
 use crate::model::{Page, Role, Token};
 use crate::store::NewToken;
@@ -92,20 +93,20 @@ pub async fn create_team_token(
 }
 
 #[utoipa::path(get, path = "/v1/teams/{team}/tokens", tag = "tokens",
-    params(("team" = String, Path, description = "Team name")),
-    responses((status = 200, body = Page<Token>), (status = 404, body = Problem)), security(("bearer" = [])))]
+    params(("team" = String, Path, description = "Team name"), PageParams),
+    responses((status = 200, body = Page<Token>), (status = 400, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
 pub async fn list_team_tokens(
     State(state): State<AppState>,
     auth: Auth,
     Path(team): Path<String>,
+    Listing { page, .. }: Listing<NoFilter, TokenId>,
 ) -> Result<Json<Page<Token>>, ApiError> {
     auth.require(&[Role::Admin])?;
     let team = state.store().get_team(&team).await?;
-    let items = state.store().list_tokens(Some(&team.id)).await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(Json(
+        state.store().list_tokens(Some(&team.id), &page).await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/tokens", tag = "tokens", request_body = CreateToken,
@@ -142,18 +143,16 @@ pub async fn create_token(
     Ok((StatusCode::CREATED, Json(CreatedToken { info, token })))
 }
 
-#[utoipa::path(get, path = "/v1/tokens", tag = "tokens",
-    responses((status = 200, body = Page<Token>)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/tokens", tag = "tokens", description = "Every token, newest first.",
+    params(PageParams),
+    responses((status = 200, body = Page<Token>), (status = 400, body = Problem)), security(("bearer" = [])))]
 pub async fn list_tokens(
     State(state): State<AppState>,
     auth: Auth,
+    Listing { page, .. }: Listing<NoFilter, TokenId>,
 ) -> Result<Json<Page<Token>>, ApiError> {
     auth.require(&[Role::Admin])?;
-    let items = state.store().list_tokens(None).await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(Json(state.store().list_tokens(None, &page).await?))
 }
 
 #[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "tokens",

@@ -12,9 +12,10 @@ use chrono::Duration;
 use serde::{Deserialize, Serialize};
 use spotplane_core::FieldErrors;
 use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
 
 use super::AppState;
-use super::extract::{ApiQuery, Auth, JsonBody};
+use super::extract::{Auth, JsonBody, Listing, PageParams};
 use super::problem::{ApiError, Problem};
 use crate::model::{Delivery, Page, Role, Subscription};
 use crate::reconcile::webhooks::ping;
@@ -95,10 +96,6 @@ pub struct PingResult {
 pub struct ListDeliveries {
     /// `pending`, `delivered` or `failed`.
     pub state: Option<String>,
-    /// Page size, 1 to 500 (default 50).
-    pub limit: Option<u64>,
-    /// `next_cursor` of the previous page.
-    pub cursor: Option<String>,
 }
 
 /// Lists of subscriptions.
@@ -211,12 +208,13 @@ pub async fn create(
         .into_response())
 }
 
-#[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks", params(ListWebhooks),
-    responses((status = 200, body = Page<Subscription>)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks", description = "Subscriptions, newest first.",
+    params(ListWebhooks, PageParams),
+    responses((status = 200, body = Page<Subscription>), (status = 400, body = Problem)), security(("bearer" = [])))]
 pub async fn list(
     State(state): State<AppState>,
     auth: Auth,
-    ApiQuery(q): ApiQuery<ListWebhooks>,
+    Listing { filter: q, page }: Listing<ListWebhooks, Uuid>,
 ) -> Result<Json<Page<Subscription>>, ApiError> {
     let p = auth.require(&[Role::Admin, Role::Team])?;
     let team_id = match (scope(p), q.team) {
@@ -224,11 +222,12 @@ pub async fn list(
         (None, Some(name)) => Some(state.store().get_team(&name).await?.id),
         (None, None) => None,
     };
-    let items = state.store().list_subscriptions(team_id.as_deref()).await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(Json(
+        state
+            .store()
+            .list_subscriptions(team_id.as_deref(), &page)
+            .await?,
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/webhooks/{id}", tag = "webhooks",
@@ -383,21 +382,17 @@ pub async fn send_ping(
 }
 
 #[utoipa::path(get, path = "/v1/webhooks/{id}/deliveries", tag = "webhooks",
-    params(("id" = String, Path, description = "Subscription id"), ListDeliveries),
-    responses((status = 200, body = Page<Delivery>), (status = 404, body = Problem), (status = 422, body = Problem)),
+    params(("id" = String, Path, description = "Subscription id"), ListDeliveries, PageParams),
+    responses((status = 200, body = Page<Delivery>), (status = 400, body = Problem), (status = 404, body = Problem), (status = 422, body = Problem)),
     security(("bearer" = [])))]
 pub async fn deliveries(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
-    ApiQuery(q): ApiQuery<ListDeliveries>,
+    Listing { filter: q, page }: Listing<ListDeliveries, Uuid>,
 ) -> Result<Json<Page<Delivery>>, ApiError> {
     let p = auth.require(&[Role::Admin, Role::Team])?;
     let mut errs = FieldErrors::new();
-    let limit = q.limit.unwrap_or(50);
-    if limit == 0 || limit > 500 {
-        errs.push("limit", "must be between 1 and 500");
-    }
     if let Some(s) = q.state.as_deref()
         && !matches!(s, "pending" | "delivered" | "failed")
     {
@@ -410,13 +405,7 @@ pub async fn deliveries(
     Ok(Json(
         state
             .store()
-            .list_deliveries(
-                &id,
-                scope(p),
-                q.state.as_deref(),
-                q.cursor.as_deref(),
-                limit,
-            )
+            .list_deliveries(&id, scope(p), q.state.as_deref(), &page)
             .await?,
     ))
 }

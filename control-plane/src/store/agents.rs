@@ -20,8 +20,8 @@
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, Set,
-    TransactionTrait,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set, TransactionTrait,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -40,7 +40,7 @@ use super::entity::{
 };
 use super::tokens::{generate_secret, hash_secret, shown_prefix};
 use super::{Store, StoreError, from_json, new_uuid, parse_col};
-use crate::model::Role;
+use crate::model::{Page, PageRequest, Role};
 
 /// What an agent last told the control plane.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -1225,16 +1225,28 @@ impl Store {
     }
 
     /// A node's commands, newest first.
-    pub async fn agent_commands(&self, node_id: NodeId) -> Result<Vec<CommandRecord>, StoreError> {
+    /// One page of the commands sent to a node's agent, newest first.
+    pub async fn agent_commands(
+        &self,
+        node_id: NodeId,
+        page: &PageRequest<CommandId>,
+    ) -> Result<Page<CommandRecord>, StoreError> {
         self.measured("agent_commands", || async {
-            agent_command::Entity::find()
+            let mut q = agent_command::Entity::find()
                 .filter(agent_command::Column::NodeId.eq(node_id.to_string()))
                 .order_by_desc(agent_command::Column::Id)
-                .all(&self.read)
-                .await?
-                .into_iter()
-                .map(command_from_row)
-                .collect()
+                .limit(page.rows_to_read());
+            if let Some(after) = page.after {
+                q = q.filter(agent_command::Column::Id.lt(after.to_string()));
+            }
+            let (rows, next_cursor) = page.cut(q.all(&self.read).await?, |r| r.id.clone());
+            Ok(Page {
+                items: rows
+                    .into_iter()
+                    .map(command_from_row)
+                    .collect::<Result<_, _>>()?,
+                next_cursor,
+            })
         })
         .await
     }
@@ -1252,6 +1264,32 @@ impl Store {
     }
 
     /// A job's checkpoints, newest first.
+    /// One page of a job's checkpoints, newest first.
+    pub async fn job_checkpoints_page(
+        &self,
+        job_id: JobId,
+        page: &PageRequest<CheckpointId>,
+    ) -> Result<Page<CheckpointRecord>, StoreError> {
+        self.measured("job_checkpoints_page", || async {
+            let mut q = checkpoint::Entity::find()
+                .filter(checkpoint::Column::JobId.eq(job_id.to_string()))
+                .order_by_desc(checkpoint::Column::Id)
+                .limit(page.rows_to_read());
+            if let Some(after) = page.after {
+                q = q.filter(checkpoint::Column::Id.lt(after.to_string()));
+            }
+            let (rows, next_cursor) = page.cut(q.all(&self.read).await?, |r| r.id.clone());
+            Ok(Page {
+                items: rows
+                    .into_iter()
+                    .map(checkpoint_from_row)
+                    .collect::<Result<_, _>>()?,
+                next_cursor,
+            })
+        })
+        .await
+    }
+
     pub async fn job_checkpoints(
         &self,
         job_id: JobId,

@@ -63,7 +63,7 @@ pub use agents::{
 pub use finance::{LivePool, TeamBudget};
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
 pub use leader::Leadership;
-pub use nodes::{NewGpu, NewNode};
+pub use nodes::{NewGpu, NewNode, OfferCursor};
 pub use outbox::OutboxEvent;
 pub use overview::{JobLine, PlacedReplica};
 pub use scheduling::{SpecCache, wait_text};
@@ -109,6 +109,45 @@ impl StoreError {
     }
 }
 
+/// Creates the SQLite database file readable and writable by its owner only (it holds token
+/// hashes, webhook secrets and every team's jobs), and takes group and other access away from
+/// an existing one and its `-wal` and `-shm` files. SQLite creates those two with the mode of
+/// the database file, so they follow it.
+fn owner_only(path: &std::path::Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let denied = |p: &std::path::Path, e: std::io::Error| {
+            StoreError::Connect(format!("cannot restrict {} to its owner: {e}", p.display()))
+        };
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| denied(path, e))?;
+        let mut files = vec![path.to_path_buf()];
+        for suffix in ["-wal", "-shm"] {
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            files.push(name.into());
+        }
+        for file in files.iter().filter(|f| f.exists()) {
+            let mode = std::fs::metadata(file)
+                .map_err(|e| denied(file, e))?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                std::fs::set_permissions(file, std::fs::Permissions::from_mode(mode & 0o700))
+                    .map_err(|e| denied(file, e))?;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
 /// Retries for transient failures before giving up.
 pub(crate) const MAX_ATTEMPTS: u32 = 4;
 
@@ -135,10 +174,14 @@ impl Store {
                         StoreError::Connect(format!("cannot create {}: {e}", dir.display()))
                     })?;
                 }
-                let lock = if path.as_os_str() == ":memory:" {
-                    None
-                } else {
+                let on_disk = path.as_os_str() != ":memory:" && !cfg.url.contains("mode=memory");
+                if on_disk {
+                    owner_only(&path)?;
+                }
+                let lock = if on_disk {
                     Some(leader::SqliteLock::take(&path)?)
+                } else {
+                    None
                 };
                 let opts = SqliteConnectOptions::from_str(&cfg.url)
                     .map_err(|e| StoreError::Connect(format!("{}: {e}", cfg.url)))?

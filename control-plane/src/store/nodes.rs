@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    Set, TransactionTrait,
 };
 use serde_json::json;
 use spotplane_core::{Cloud, GpuModel, Market, Micros, MigLayout, NodeId, NodeState};
@@ -14,7 +15,7 @@ use super::entity::{gpu, node, offer, outbox};
 use super::{Store, StoreError, from_json, new_uuid, parse_col};
 use spotplane_providers::Offer;
 
-use crate::model::{Gpu, Node, Offer as OfferView};
+use crate::model::{Gpu, Node, Offer as OfferView, Page, PageRequest};
 
 /// A node to record when it is requested from a cloud.
 #[derive(Debug, Clone)]
@@ -207,27 +208,56 @@ impl Store {
                 q = q.filter(node::Column::State.is_in(states.iter().map(|s| s.to_string())));
             }
             let rows = q.all(&self.read).await?;
-            let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
-            let mut gpus: HashMap<String, Vec<Gpu>> = HashMap::new();
-            if !ids.is_empty() {
-                for g in gpu::Entity::find()
-                    .filter(gpu::Column::NodeId.is_in(ids))
-                    .order_by_asc(gpu::Column::Idx)
-                    .all(&self.read)
-                    .await?
-                {
-                    let node_id = g.node_id.clone();
-                    gpus.entry(node_id).or_default().push(gpu_from_row(g)?);
-                }
-            }
-            rows.into_iter()
-                .map(|r| {
-                    let g = gpus.remove(&r.id).unwrap_or_default();
-                    node_from_row(r, g)
-                })
-                .collect()
+            self.nodes_with_gpus(rows).await
         })
         .await
+    }
+
+    /// One page of nodes in `states` (all when empty), newest first.
+    pub async fn list_nodes_page(
+        &self,
+        states: &[NodeState],
+        page: &PageRequest<NodeId>,
+    ) -> Result<Page<Node>, StoreError> {
+        self.measured("list_nodes_page", || async {
+            let mut q = node::Entity::find()
+                .order_by_desc(node::Column::Id)
+                .limit(page.rows_to_read());
+            if !states.is_empty() {
+                q = q.filter(node::Column::State.is_in(states.iter().map(|s| s.to_string())));
+            }
+            if let Some(after) = page.after {
+                q = q.filter(node::Column::Id.lt(after.to_string()));
+            }
+            let (rows, next_cursor) = page.cut(q.all(&self.read).await?, |r| r.id.clone());
+            Ok(Page {
+                items: self.nodes_with_gpus(rows).await?,
+                next_cursor,
+            })
+        })
+        .await
+    }
+
+    async fn nodes_with_gpus(&self, rows: Vec<node::Model>) -> Result<Vec<Node>, StoreError> {
+        let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+        let mut gpus: HashMap<String, Vec<Gpu>> = HashMap::new();
+        if !ids.is_empty() {
+            for g in gpu::Entity::find()
+                .filter(gpu::Column::NodeId.is_in(ids))
+                .order_by_asc(gpu::Column::Idx)
+                .all(&self.read)
+                .await?
+            {
+                let node_id = g.node_id.clone();
+                gpus.entry(node_id).or_default().push(gpu_from_row(g)?);
+            }
+        }
+        rows.into_iter()
+            .map(|r| {
+                let g = gpus.remove(&r.id).unwrap_or_default();
+                node_from_row(r, g)
+            })
+            .collect()
     }
 
     /// Records the cloud's id of a node's instance once the cloud has accepted the request.
@@ -310,17 +340,76 @@ impl Store {
     }
 
     /// Offers, cheapest first.
-    pub async fn list_offers(&self) -> Result<Vec<OfferView>, StoreError> {
+    /// One page of the offers, cheapest first (ties by id). The cursor is the last offer's
+    /// price in micro-dollars and its id, `<micros>:<id>`.
+    pub async fn list_offers(
+        &self,
+        page: &PageRequest<OfferCursor>,
+    ) -> Result<Page<OfferView>, StoreError> {
         self.measured("list_offers", || async {
-            offer::Entity::find()
+            let mut q = offer::Entity::find()
                 .order_by_asc(offer::Column::PriceMicros)
                 .order_by_asc(offer::Column::Id)
-                .all(&self.read)
-                .await?
-                .into_iter()
-                .map(offer_from_row)
-                .collect()
+                .limit(page.rows_to_read());
+            if let Some(after) = &page.after {
+                q = q.filter(
+                    Condition::any()
+                        .add(offer::Column::PriceMicros.gt(after.price_micros))
+                        .add(
+                            Condition::all()
+                                .add(offer::Column::PriceMicros.eq(after.price_micros))
+                                .add(offer::Column::Id.gt(after.id.as_str())),
+                        ),
+                );
+            }
+            let (rows, next_cursor) = page.cut(q.all(&self.read).await?, |r| {
+                OfferCursor {
+                    price_micros: r.price_micros,
+                    id: r.id.clone(),
+                }
+                .to_string()
+            });
+            Ok(Page {
+                items: rows
+                    .into_iter()
+                    .map(offer_from_row)
+                    .collect::<Result<_, _>>()?,
+                next_cursor,
+            })
         })
         .await
+    }
+}
+
+/// Where a page of offers starts: after this price and id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfferCursor {
+    pub price_micros: i64,
+    pub id: String,
+}
+
+impl std::fmt::Display for OfferCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.price_micros, self.id)
+    }
+}
+
+impl std::str::FromStr for OfferCursor {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (price, id) = s
+            .split_once(':')
+            .ok_or_else(|| "expected <micros>:<offer id>".to_owned())?;
+        let price_micros = price
+            .parse::<i64>()
+            .map_err(|_| "expected <micros>:<offer id>".to_owned())?;
+        if id.is_empty() || id.len() > 512 {
+            return Err("expected <micros>:<offer id>".into());
+        }
+        Ok(OfferCursor {
+            price_micros,
+            id: id.to_owned(),
+        })
     }
 }

@@ -4,14 +4,15 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
+    TransactionTrait,
 };
 use spotplane_core::TeamName;
 use spotplane_core::team::{Quota, QuotaResource};
 
 use super::entity::team;
 use super::{Store, StoreError, from_json, is_unique_violation, new_uuid, parse_col};
-use crate::model::Team;
+use crate::model::{Page, PageRequest, Team};
 
 /// A team to create; validated by the caller.
 #[derive(Debug, Clone)]
@@ -69,13 +70,23 @@ impl Store {
         .await
     }
 
-    pub async fn list_teams(&self) -> Result<Vec<Team>, StoreError> {
+    /// One page of the teams, by name.
+    pub async fn list_teams(&self, page: &PageRequest<TeamName>) -> Result<Page<Team>, StoreError> {
         self.measured("list_teams", || async {
-            let rows = team::Entity::find()
+            let mut q = team::Entity::find()
                 .order_by_asc(team::Column::Name)
-                .all(&self.read)
-                .await?;
-            rows.into_iter().map(team_from_row).collect()
+                .limit(page.rows_to_read());
+            if let Some(after) = &page.after {
+                q = q.filter(team::Column::Name.gt(after.as_str()));
+            }
+            let (rows, next_cursor) = page.cut(q.all(&self.read).await?, |r| r.name.clone());
+            Ok(Page {
+                items: rows
+                    .into_iter()
+                    .map(team_from_row)
+                    .collect::<Result<_, _>>()?,
+                next_cursor,
+            })
         })
         .await
     }

@@ -14,14 +14,14 @@ use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, Condition, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
-    Set, TransactionTrait,
+    QuerySelect, Set, TransactionTrait,
 };
 use sha2::{Digest, Sha256};
 use spotplane_core::{NodeId, NodeState, TeamName, TokenId};
 
 use super::entity::{api_token, node, team};
 use super::{Store, StoreError, new_uuid, parse_col};
-use crate::model::{Role, Token};
+use crate::model::{Page, PageRequest, Role, Token};
 
 /// A token to create.
 #[derive(Debug, Clone)]
@@ -86,8 +86,9 @@ impl TokenCache {
 
 /// Prefix of every secret spotplane issues.
 pub const SECRET_PREFIX: &str = "spt_";
-/// Characters of the secret kept in the clear to tell tokens apart.
-const SHOWN_PREFIX_LEN: usize = 12;
+/// Characters of the secret kept in the clear to tell tokens apart: `spt_` and four random
+/// characters of an issued token.
+const SHOWN_PREFIX_LEN: usize = 8;
 
 /// SHA-256 of a secret, hex.
 pub fn hash_secret(secret: &str) -> String {
@@ -103,8 +104,12 @@ pub fn generate_secret() -> String {
     )
 }
 
+/// The part of a secret that is stored and shown in the clear: [`SHOWN_PREFIX_LEN`] characters,
+/// and never more than a quarter of the secret, so a short secret chosen by a person (the
+/// bootstrap admin token may be 16 characters) keeps at least three quarters of it unknown.
 pub(super) fn shown_prefix(secret: &str) -> String {
-    secret.chars().take(SHOWN_PREFIX_LEN).collect()
+    let shown = SHOWN_PREFIX_LEN.min(secret.chars().count() / 4);
+    secret.chars().take(shown).collect()
 }
 
 async fn token_from_row<C: sea_orm::ConnectionTrait>(
@@ -135,7 +140,9 @@ async fn token_from_row<C: sea_orm::ConnectionTrait>(
             .transpose()?,
         team,
         name: row.name,
-        prefix: row.prefix,
+        // Rows written before prefixes were shortened hold 12 characters: show what is
+        // shown today, never more.
+        prefix: row.prefix.chars().take(SHOWN_PREFIX_LEN).collect(),
         created_at: row.created_at,
         expires_at: row.expires_at,
         revoked_at: row.revoked_at,
@@ -286,18 +293,28 @@ impl Store {
     }
 
     /// Tokens, newest first; only those of `team_id` when given.
-    pub async fn list_tokens(&self, team_id: Option<&str>) -> Result<Vec<Token>, StoreError> {
+    /// One page of the tokens (of one team when `team_id` is given), newest first.
+    pub async fn list_tokens(
+        &self,
+        team_id: Option<&str>,
+        page: &PageRequest<TokenId>,
+    ) -> Result<Page<Token>, StoreError> {
         self.measured("list_tokens", || async {
-            let mut q = api_token::Entity::find().order_by_desc(api_token::Column::Id);
+            let mut q = api_token::Entity::find()
+                .order_by_desc(api_token::Column::Id)
+                .limit(page.rows_to_read());
             if let Some(t) = team_id {
                 q = q.filter(api_token::Column::TeamId.eq(t));
             }
-            let rows = q.all(&self.read).await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for r in rows {
-                out.push(token_from_row(&self.read, r).await?);
+            if let Some(after) = page.after {
+                q = q.filter(api_token::Column::Id.lt(after.to_string()));
             }
-            Ok(out)
+            let (rows, next_cursor) = page.cut(q.all(&self.read).await?, |r| r.id.clone());
+            let mut items = Vec::with_capacity(rows.len());
+            for r in rows {
+                items.push(token_from_row(&self.read, r).await?);
+            }
+            Ok(Page { items, next_cursor })
         })
         .await
     }
@@ -358,5 +375,19 @@ mod tests {
         assert_eq!(a.len(), SECRET_PREFIX.len() + 43);
         assert_eq!(hash_secret(&a).len(), 64);
         assert_eq!(shown_prefix(&a).len(), SHOWN_PREFIX_LEN);
+    }
+
+    #[test]
+    fn a_short_secret_shows_at_most_a_quarter_of_itself() {
+        // The bootstrap admin token may be as short as 16 characters.
+        let bootstrap = "0123456789abcdef";
+        assert_eq!(shown_prefix(bootstrap), "0123");
+        let long = "spt_test_admin_token_000000000000";
+        assert_eq!(shown_prefix(long), "spt_test");
+        for secret in [bootstrap, long, &generate_secret()] {
+            let shown = shown_prefix(secret).chars().count();
+            let hidden = secret.chars().count() - shown;
+            assert!(hidden * 4 >= secret.chars().count() * 3, "{secret}");
+        }
     }
 }

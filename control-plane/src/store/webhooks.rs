@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use super::entity::{allocation, job, outbox, team, webhook_delivery, webhook_subscription};
 use super::finance::get_cursor;
 use super::{Store, StoreError, from_json, new_uuid, parse_col};
-use crate::model::{Delivery, Page, Subscription};
+use crate::model::{Delivery, Page, PageRequest, Subscription};
 use crate::webhooks::EventType;
 use crate::webhooks::retry::{Next, Outcome, RetryPolicy, should_disable};
 use crate::webhooks::signing::Secret;
@@ -175,15 +175,21 @@ impl Store {
     }
 
     /// Subscriptions, newest first; one team's when `team_id` is given.
+    /// One page of the subscriptions (of one team when `team_id` is given), newest first.
     pub async fn list_subscriptions(
         &self,
         team_id: Option<&str>,
-    ) -> Result<Vec<Subscription>, StoreError> {
+        page: &PageRequest<uuid::Uuid>,
+    ) -> Result<Page<Subscription>, StoreError> {
         self.measured("list_subscriptions", || async {
             let mut q = webhook_subscription::Entity::find()
-                .order_by_desc(webhook_subscription::Column::Id);
+                .order_by_desc(webhook_subscription::Column::Id)
+                .limit(page.rows_to_read());
             if let Some(t) = team_id {
                 q = q.filter(webhook_subscription::Column::TeamId.eq(t));
+            }
+            if let Some(after) = page.after {
+                q = q.filter(webhook_subscription::Column::Id.lt(after.to_string()));
             }
             let names: HashMap<String, String> = team::Entity::find()
                 .select_only()
@@ -193,14 +199,15 @@ impl Store {
                 .await?
                 .into_iter()
                 .collect();
-            q.all(&self.read)
-                .await?
+            let (rows, next_cursor) = page.cut(q.all(&self.read).await?, |r| r.id.clone());
+            let items = rows
                 .into_iter()
                 .map(|r| {
                     let name = names.get(&r.team_id).cloned().unwrap_or_default();
                     subscription_from_row(r, &name)
                 })
-                .collect()
+                .collect::<Result<_, _>>()?;
+            Ok(Page { items, next_cursor })
         })
         .await
     }
@@ -700,8 +707,7 @@ impl Store {
         subscription_id: &str,
         team_id: Option<&str>,
         state: Option<&str>,
-        before: Option<&str>,
-        limit: u64,
+        page: &PageRequest<uuid::Uuid>,
     ) -> Result<Page<Delivery>, StoreError> {
         self.measured("list_deliveries", || async {
             self.subscription_row(&self.read, subscription_id, team_id)
@@ -709,22 +715,15 @@ impl Store {
             let mut q = webhook_delivery::Entity::find()
                 .filter(webhook_delivery::Column::SubscriptionId.eq(subscription_id))
                 .order_by_desc(webhook_delivery::Column::Id)
-                .limit(limit + 1);
+                .limit(page.rows_to_read());
             if let Some(s) = state {
                 q = q.filter(webhook_delivery::Column::State.eq(s));
             }
-            if let Some(b) = before {
-                q = q.filter(webhook_delivery::Column::Id.lt(b));
+            if let Some(after) = page.after {
+                q = q.filter(webhook_delivery::Column::Id.lt(after.to_string()));
             }
-            let mut rows = q.all(&self.read).await?;
-            let more = rows.len() as u64 > limit;
-            rows.truncate(limit as usize);
+            let (rows, next_cursor) = page.cut(q.all(&self.read).await?, |r| r.id.clone());
             let items: Vec<Delivery> = rows.into_iter().map(delivery_from_row).collect();
-            let next_cursor = if more {
-                items.last().map(|d| d.id.clone())
-            } else {
-                None
-            };
             Ok(Page { items, next_cursor })
         })
         .await
