@@ -223,8 +223,7 @@ impl Cluster {
             .expect("chmod");
         let bin_dir = dir.path().join("bin");
         std::fs::create_dir(&bin_dir).expect("bin");
-        std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
+        std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         std::fs::copy(bin("spotplane-example-train"), example(dir.path()))
             .expect("copy the example workload");
         let port = free_port();

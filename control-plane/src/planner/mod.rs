@@ -380,7 +380,11 @@ impl<'a> OfferIndex<'a> {
                 .map(|id| input.unavailable.contains(id, now))
                 .collect(),
             rates: input.offers.iter().map(|o| input.pools.rate(o)).collect(),
-            by_id: ids.iter().enumerate().map(|(i, id)| (id.as_str(), i)).collect(),
+            by_id: ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| (id.as_str(), i))
+                .collect(),
         }
     }
 
@@ -622,10 +626,7 @@ fn choose(
                 0.0
             };
             let e = expected_hourly(o.price, n, rate, d.rework_hours(s), d.restart(s));
-            let held = team_pools
-                .get(&(&d.team, i))
-                .copied()
-                .unwrap_or(0);
+            let held = team_pools.get(&(&d.team, i)).copied().unwrap_or(0);
             (e, held, i)
         })
         .collect();

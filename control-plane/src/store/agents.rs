@@ -472,14 +472,14 @@ async fn record_checkpoint_in<C: ConnectionTrait>(
         let spec: JobSpec = from_json("jobs", &job_row.id, job_row.spec.clone())?;
         let prefix = super::recovery::checkpoint_prefix(&spec, report.job_id, root);
         if !is_checkpoint_of(&report.uri, &prefix, report.replica, report.checkpoint_id) {
-        return Err(StoreError::Invalid {
-            field: "uri".into(),
-            message: format!(
-                "must be the manifest of this checkpoint under the job's checkpoint prefix, {}/replica-{}/{}/manifest.json",
-                prefix.trim_end_matches('/'),
-                report.replica,
-                report.checkpoint_id
-            ),
+            return Err(StoreError::Invalid {
+                field: "uri".into(),
+                message: format!(
+                    "must be the manifest of this checkpoint under the job's checkpoint prefix, {}/replica-{}/{}/manifest.json",
+                    prefix.trim_end_matches('/'),
+                    report.replica,
+                    report.checkpoint_id
+                ),
             });
         }
     }
@@ -576,9 +576,7 @@ pub(crate) fn is_checkpoint_of(uri: &str, prefix: &str, replica: u32, id: Checkp
             .path_segments()
             .map(|s| {
                 s.filter(|p| !p.is_empty())
-                    .map(|p| {
-                        percent_decode(p)
-                    })
+                    .map(|p| percent_decode(p))
                     .collect::<Option<Vec<_>>>()
             })
             .unwrap_or(Some(Vec::new()))?;
@@ -604,7 +602,8 @@ pub(crate) fn is_checkpoint_of(uri: &str, prefix: &str, replica: u32, id: Checkp
         }
         String::from_utf8(out).ok()
     }
-    let (Some((scheme, host, segs)), Some((p_scheme, p_host, p_segs))) = (parts(uri), parts(prefix))
+    let (Some((scheme, host, segs)), Some((p_scheme, p_host, p_segs))) =
+        (parts(uri), parts(prefix))
     else {
         return false;
     };
@@ -1158,8 +1157,7 @@ impl Store {
     ) -> Result<CheckpointRecord, StoreError> {
         self.measured("record_checkpoint", || async {
             let txn = self.write.begin().await?;
-            let rec =
-                record_checkpoint_in(&txn, node_id, report, Some(default_root), now).await?;
+            let rec = record_checkpoint_in(&txn, node_id, report, Some(default_root), now).await?;
             txn.commit().await?;
             Ok(rec)
         })
