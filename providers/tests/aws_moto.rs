@@ -426,7 +426,7 @@ async fn pass_or_fail(
 #[tokio::test]
 async fn a_failing_call_is_sent_as_often_as_the_retry_decorator_says_and_no_more() {
     let Some(url) = moto() else { return };
-    let (front, hits) = failing_front(&url, "DescribeSpotPriceHistory").await;
+    let (front, hits) = failing_front(&url, "DescribeInstances").await;
     // Built as `serve` builds it: the real SDK clients under the decorators.
     let providers = registry::build(
         &[ProviderConfig::Aws(config(
@@ -443,10 +443,11 @@ async fn a_failing_call_is_sent_as_often_as_the_retry_decorator_says_and_no_more
     )
     .await
     .expect("the provider is built through the front (zones come from moto)");
+    let tags = BTreeMap::from([(tags::CLUSTER.to_owned(), cluster())]);
     let err = providers.all[0]
-        .list_offers()
+        .list_instances(&tags)
         .await
-        .expect_err("spot prices always fail");
+        .expect_err("DescribeInstances always fails");
     assert_eq!(err.kind(), "transient", "{err}");
     // One request per attempt of the decorator: the SDK retries nothing itself (its default,
     // 3 attempts inside each of the decorator's, made 12).

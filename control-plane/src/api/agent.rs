@@ -123,9 +123,9 @@ fn validate_register(req: &RegisterRequest) -> FieldErrors {
 
 #[utoipa::path(post, path = "/v1/agent/register", tag = "agent", request_body = RegisterRequest,
     description = "Registers a node's agent. Authenticate with the node's bootstrap token (once: the answer carries the node credential) or, after a restart, with the node credential.",
-    responses((status = 200, body = RegisterResponse), (status = 401, body = Problem, description = "Unknown, spent or expired token"),
+    responses((status = 200, body = RegisterResponse), (status = 401, body = Problem, description = "Unknown, spent or expired token, or a credential of a terminated node"),
         (status = 403, body = Problem, description = "The token belongs to another node"),
-        (status = 409, body = Problem, description = "The node is terminated"), (status = 422, body = Problem)),
+        (status = 409, body = Problem, description = "The node is terminated (a bootstrap token)"), (status = 422, body = Problem)),
     security(("bearer" = [])))]
 pub async fn register(
     State(state): State<AppState>,
@@ -170,8 +170,9 @@ pub async fn register(
 
 #[utoipa::path(post, path = "/v1/agent/heartbeat", tag = "agent", request_body = Heartbeat,
     description = "Telemetry, replicas, a termination notice and command results; answered with the commands the node should carry out. A notice with a deadline moves the node to draining.",
-    responses((status = 200, body = HeartbeatResponse), (status = 403, body = Problem),
-        (status = 409, body = Problem, description = "Not registered, or the node is terminated"), (status = 422, body = Problem)),
+    responses((status = 200, body = HeartbeatResponse),
+        (status = 401, body = Problem, description = "Unknown or revoked credential, or its node is terminated"), (status = 403, body = Problem),
+        (status = 409, body = Problem, description = "Not registered"), (status = 422, body = Problem)),
     security(("bearer" = [])))]
 pub async fn heartbeat(
     State(state): State<AppState>,
