@@ -746,14 +746,24 @@ async fn job(cmd: JobCommand) -> anyhow::Result<()> {
         }
         JobCommand::Events { id, client } => {
             let c = client_of(&client)?;
-            let page = c.get(&format!("/v1/jobs/{id}/events")).await?;
-            for e in page["items"].as_array().into_iter().flatten() {
-                println!(
-                    "{}  {:<18} {}",
-                    e["at"].as_str().unwrap_or(""),
-                    e["type"].as_str().unwrap_or(""),
-                    e["reason"].as_str().unwrap_or("")
-                );
+            // The whole history, page after page (oldest first).
+            let mut path = format!("/v1/jobs/{id}/events?limit=500");
+            loop {
+                let page = c.get(&path).await?;
+                for e in page["items"].as_array().into_iter().flatten() {
+                    println!(
+                        "{}  {:<18} {}",
+                        e["at"].as_str().unwrap_or(""),
+                        e["type"].as_str().unwrap_or(""),
+                        e["reason"].as_str().unwrap_or("")
+                    );
+                }
+                match page["next_cursor"].as_str() {
+                    Some(cursor) => {
+                        path = format!("/v1/jobs/{id}/events?limit=500&cursor={cursor}")
+                    }
+                    None => break,
+                }
             }
         }
     }

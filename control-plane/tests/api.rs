@@ -501,7 +501,7 @@ async fn job_lists_filter_by_state_and_paginate(backend: Backend) {
         assert_eq!((s, v["field"].as_str()), (status, Some(field)), "{q}: {v}");
     }
     for (q, field) in [
-        ("limit=many", "query.limit"),
+        ("limit=many", "limit"),
         ("colour=red", "query.colour"),
     ] {
         let (s, v) = srv
