@@ -275,17 +275,7 @@ async fn orphans_are_swept_and_taken_nodes_are_recorded(backend: Backend) {
 
 /// Every node ever bought, whatever its state now.
 async fn all_nodes(store: &Store) -> Vec<spotplane::model::Node> {
-    store
-        .list_nodes(&[
-            NodeState::Requested,
-            NodeState::Booting,
-            NodeState::Ready,
-            NodeState::Draining,
-            NodeState::Terminating,
-            NodeState::Terminated,
-        ])
-        .await
-        .expect("nodes")
+    store.list_nodes(&NodeState::ALL).await.expect("nodes")
 }
 
 /// Scheduling cycles and capacity rounds, a minute of the clock apart; what was bought.
