@@ -500,10 +500,7 @@ async fn job_lists_filter_by_state_and_paginate(backend: Backend) {
             .await;
         assert_eq!((s, v["field"].as_str()), (status, Some(field)), "{q}: {v}");
     }
-    for (q, field) in [
-        ("limit=many", "limit"),
-        ("colour=red", "query.colour"),
-    ] {
+    for (q, field) in [("limit=many", "limit"), ("colour=red", "query.colour")] {
         let (s, v) = srv
             .call(Method::GET, &format!("/v1/jobs?{q}"), Some(&token), None)
             .await;
