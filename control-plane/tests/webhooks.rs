@@ -751,9 +751,10 @@ async fn targets_and_event_types_are_validated_and_teams_see_their_own(backend: 
             None,
         )
         .await;
+    // The paging rule of every list (docs/api.md).
     assert_eq!(
         (s, v["field"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("limit"))
+        (StatusCode::BAD_REQUEST, Some("limit"))
     );
     let (s, _) = ts
         .call(
