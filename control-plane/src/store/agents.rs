@@ -576,7 +576,7 @@ pub(crate) fn is_checkpoint_of(uri: &str, prefix: &str, replica: u32, id: Checkp
             .path_segments()
             .map(|s| {
                 s.filter(|p| !p.is_empty())
-                    .map(|p| percent_decode(p))
+                    .map(percent_decode)
                     .collect::<Option<Vec<_>>>()
             })
             .unwrap_or(Some(Vec::new()))?;
