@@ -197,10 +197,7 @@ impl Ctx {
         let Some(users) = &self.users else {
             return;
         };
-        let freed = users
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .release(job);
+        let freed = users.lock().unwrap_or_else(|p| p.into_inner()).release(job);
         if let Some(uid) = freed {
             let dir = self.job_dir(job);
             let _ = tokio::task::spawn_blocking(move || isolation::reclaim(uid, &dir, AGENT)).await;

@@ -167,11 +167,13 @@ fn uids_of(status: &str) -> Option<[u32; 4]> {
 pub fn effective_uid() -> Result<u32, IsolationError> {
     let p = Path::new("/proc/self/status");
     let status = std::fs::read_to_string(p).map_err(io("reading", p))?;
-    uids_of(&status).map(|u| u[1]).ok_or_else(|| IsolationError::Io {
-        what: "reading",
-        path: p.to_owned(),
-        source: std::io::Error::other("no Uid line"),
-    })
+    uids_of(&status)
+        .map(|u| u[1])
+        .ok_or_else(|| IsolationError::Io {
+            what: "reading",
+            path: p.to_owned(),
+            source: std::io::Error::other("no Uid line"),
+        })
 }
 
 /// Checks, before any replica starts, that the agent can switch users and that the users
@@ -197,7 +199,8 @@ pub fn set_mode(p: &Path, mode: u32) -> Result<(), IsolationError> {
     if meta.file_type().is_symlink() {
         return Ok(());
     }
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(io("setting the mode of", p))
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .map_err(io("setting the mode of", p))
 }
 
 /// Creates `dir` and the folders above it that are missing, each with `mode`.
@@ -283,7 +286,11 @@ pub fn kill_user(uid: u32) -> usize {
             return killed;
         };
         for entry in entries.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
                 continue;
             };
             let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
@@ -308,7 +315,11 @@ pub fn kill_user(uid: u32) -> usize {
 pub fn reclaim(uid: u32, job_dir: &Path, agent: RunAs) {
     let killed = kill_user(uid);
     if killed > 0 {
-        tracing::warn!(uid, killed, "killed processes the job's replicas left behind");
+        tracing::warn!(
+            uid,
+            killed,
+            "killed processes the job's replicas left behind"
+        );
     }
     if job_dir.exists()
         && let Err(e) = take_back(job_dir, agent, None)
@@ -334,7 +345,11 @@ mod tests {
         assert_eq!(a, a2);
         assert_ne!(a.uid, b.uid);
         assert_eq!(a.uid, a.gid);
-        assert_eq!(pool.release(job(1)), None, "one replica of job 1 still runs");
+        assert_eq!(
+            pool.release(job(1)),
+            None,
+            "one replica of job 1 still runs"
+        );
         assert_eq!(pool.release(job(1)), Some(a.uid));
         // A uid just freed comes back last.
         let c = pool.acquire(job(3)).expect("c");
@@ -383,7 +398,10 @@ mod tests {
         assert_eq!((m.uid(), m.gid()), (200_777, 200_777));
         assert_eq!(std::fs::metadata(&dir).expect("meta").mode() & 0o777, 0o700);
         take_back(&dir, agent, Some(user.uid)).expect("the job's own files");
-        assert_eq!(std::fs::metadata(dir.join("sub/mine")).expect("meta").uid(), 0);
+        assert_eq!(
+            std::fs::metadata(dir.join("sub/mine")).expect("meta").uid(),
+            0
+        );
         hand_over(&dir, user).expect("hand over again");
         // A file of the agent's inside (as a hard link to its credential would be).
         std::fs::write(dir.join("sub/theirs"), b"secret").expect("write");
@@ -399,6 +417,9 @@ mod tests {
         std::fs::hard_link(&secret, dir.join("sub/link")).expect("link");
         hand_over(&dir, user).expect("hand over");
         assert_eq!(std::fs::metadata(&secret).expect("meta").uid(), 0);
-        assert_eq!(std::fs::metadata(dir.join("sub/mine")).expect("meta").uid(), 200_777);
+        assert_eq!(
+            std::fs::metadata(dir.join("sub/mine")).expect("meta").uid(),
+            200_777
+        );
     }
 }

@@ -155,7 +155,10 @@ impl Workload {
     /// environment only.
     pub fn start(l: &Launch) -> Result<Workload, WorkloadError> {
         let (program, args) = l.command.split_first().ok_or(WorkloadError::EmptyCommand)?;
-        for dir in std::iter::once(&l.checkpoint_dir).chain(&l.home_dir).chain(&l.tmp_dir) {
+        for dir in std::iter::once(&l.checkpoint_dir)
+            .chain(&l.home_dir)
+            .chain(&l.tmp_dir)
+        {
             isolation::private_dir(dir, l.run_as)?;
         }
         let marker = l.checkpoint_dir.join(MARKER);
@@ -421,7 +424,8 @@ mod tests {
         assert_eq!(seen["HOME"], dir.path().join("home").display().to_string());
         // The job's own env wins over the defaults.
         let mut l = launch(dir.path(), "echo \"$PATH|$HOME\"");
-        l.env.insert("PATH".into(), "/opt/job/bin:/usr/bin:/bin".into());
+        l.env
+            .insert("PATH".into(), "/opt/job/bin:/usr/bin:/bin".into());
         l.env.insert("HOME".into(), "/job-home".into());
         l.log = Some(dir.path().join("log2.txt"));
         let mut w = Workload::start(&l).expect("start");

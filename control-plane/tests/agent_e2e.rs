@@ -651,8 +651,10 @@ async fn one_teams_job_cannot_take_over_a_node_it_shares_with_another() {
                 Method::POST,
                 "/v1/jobs",
                 Some(ADMIN_TOKEN),
-                Some(&json!({"name": team, "team": team, "shape": {"gpus": 1}, "command": ["x"],
-                    "checkpoint": {"uri": store}})),
+                Some(
+                    &json!({"name": team, "team": team, "shape": {"gpus": 1}, "command": ["x"],
+                    "checkpoint": {"uri": store}}),
+                ),
             )
             .await;
         assert_eq!(s, StatusCode::CREATED, "{j}");
@@ -696,7 +698,13 @@ async fn one_teams_job_cannot_take_over_a_node_it_shares_with_another() {
             json!({"TEAM_A_SECRET": secret}),
             "0",
         ),
-        (job_b, &b_store, json!(["bash", "-c", probe]), json!({}), "1"),
+        (
+            job_b,
+            &b_store,
+            json!(["bash", "-c", probe]),
+            json!({}),
+            "1",
+        ),
     ];
     for (job, store, command, env, device) in starts {
         let (s, cmd) = srv
@@ -704,8 +712,10 @@ async fn one_teams_job_cannot_take_over_a_node_it_shares_with_another() {
                 Method::POST,
                 &format!("/v1/nodes/{node}/commands"),
                 Some(ADMIN_TOKEN),
-                Some(&json!({"type": "start", "job_id": job, "replica": 0, "attempt": 1,
-                    "command": command, "env": env, "devices": [device], "checkpoint_uri": store})),
+                Some(
+                    &json!({"type": "start", "job_id": job, "replica": 0, "attempt": 1,
+                    "command": command, "env": env, "devices": [device], "checkpoint_uri": store}),
+                ),
             )
             .await;
         assert_eq!(s, StatusCode::CREATED, "{cmd}");
@@ -740,7 +750,11 @@ async fn one_teams_job_cannot_take_over_a_node_it_shares_with_another() {
         uid_line.starts_with("uid=") && uid_line != "uid=0",
         "B runs as a user of its own: {seen}"
     );
-    assert_eq!(seen.lines().skip(1).collect::<Vec<_>>(), ["probe-done"], "B got at nothing: {seen}");
+    assert_eq!(
+        seen.lines().skip(1).collect::<Vec<_>>(),
+        ["probe-done"],
+        "B got at nothing: {seen}"
+    );
 
     // The credential, taken all the same: a "durable" checkpoint of A's job in B's storage.
     let cred: Value =

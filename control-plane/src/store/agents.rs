@@ -471,14 +471,14 @@ async fn record_checkpoint_in<C: ConnectionTrait>(
         let spec: JobSpec = from_json("jobs", &job_row.id, job_row.spec.clone())?;
         let prefix = super::recovery::checkpoint_prefix(&spec, report.job_id, root);
         if !is_checkpoint_of(&report.uri, &prefix, report.replica, report.checkpoint_id) {
-        return Err(StoreError::Invalid {
-            field: "uri".into(),
-            message: format!(
-                "must be the manifest of this checkpoint under the job's checkpoint prefix, {}/replica-{}/{}/manifest.json",
-                prefix.trim_end_matches('/'),
-                report.replica,
-                report.checkpoint_id
-            ),
+            return Err(StoreError::Invalid {
+                field: "uri".into(),
+                message: format!(
+                    "must be the manifest of this checkpoint under the job's checkpoint prefix, {}/replica-{}/{}/manifest.json",
+                    prefix.trim_end_matches('/'),
+                    report.replica,
+                    report.checkpoint_id
+                ),
             });
         }
     }
@@ -575,9 +575,7 @@ pub(crate) fn is_checkpoint_of(uri: &str, prefix: &str, replica: u32, id: Checkp
             .path_segments()
             .map(|s| {
                 s.filter(|p| !p.is_empty())
-                    .map(|p| {
-                        percent_decode(p)
-                    })
+                    .map(percent_decode)
                     .collect::<Option<Vec<_>>>()
             })
             .unwrap_or(Some(Vec::new()))?;
@@ -603,7 +601,8 @@ pub(crate) fn is_checkpoint_of(uri: &str, prefix: &str, replica: u32, id: Checkp
         }
         String::from_utf8(out).ok()
     }
-    let (Some((scheme, host, segs)), Some((p_scheme, p_host, p_segs))) = (parts(uri), parts(prefix))
+    let (Some((scheme, host, segs)), Some((p_scheme, p_host, p_segs))) =
+        (parts(uri), parts(prefix))
     else {
         return false;
     };
@@ -1157,8 +1156,7 @@ impl Store {
     ) -> Result<CheckpointRecord, StoreError> {
         self.measured("record_checkpoint", || async {
             let txn = self.write.begin().await?;
-            let rec =
-                record_checkpoint_in(&txn, node_id, report, Some(default_root), now).await?;
+            let rec = record_checkpoint_in(&txn, node_id, report, Some(default_root), now).await?;
             txn.commit().await?;
             Ok(rec)
         })
@@ -1300,8 +1298,14 @@ mod tests {
         let ok = |uri: &str, prefix: &str| is_checkpoint_of(uri, prefix, 0, id);
         let a = "file:///tmp/.tmpx/bucket/team-a";
         assert!(ok(&format!("{a}/replica-0/{id}/manifest.json"), a));
-        assert!(ok(&format!("{a}/replica-0/{id}/manifest.json"), &format!("{a}/")));
-        assert!(ok(&format!("s3://b/p/replica-0/{id}/manifest.json"), "s3://b/p"));
+        assert!(ok(
+            &format!("{a}/replica-0/{id}/manifest.json"),
+            &format!("{a}/")
+        ));
+        assert!(ok(
+            &format!("s3://b/p/replica-0/{id}/manifest.json"),
+            "s3://b/p"
+        ));
         for bad in [
             format!("file:///tmp/.tmpx/bucket/team-b/replica-0/{id}/manifest.json"),
             format!("{a}/../team-b/replica-0/{id}/manifest.json"),
