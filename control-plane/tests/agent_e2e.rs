@@ -680,7 +680,7 @@ async fn one_teams_job_cannot_take_over_a_node_it_shares_with_another() {
         r#"W={work}; A={a}
         echo "uid=$(id -u)"
         cat "$W/credential.json" > /dev/null 2>&1 && echo STOLE-CREDENTIAL
-        for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f" 2> /dev/null; done | grep -q "^TEAM_A_SECRET=" && echo STOLE-SECRET
+        for f in /proc/[0-9]*/environ; do {{ tr '\0' '\n' < "$f"; }} 2> /dev/null; done | grep -q "^TEAM_A_SECRET=" && echo STOLE-SECRET
         ls "$W/jobs" > /dev/null 2>&1 && echo LISTED-JOBS
         cat "$A/output.log" > /dev/null 2>&1 && echo READ-A-LOG
         ls "$A/checkpoint" > /dev/null 2>&1 && echo LISTED-A-CHECKPOINT

@@ -134,6 +134,35 @@ fn kill_agent(agents: &Agents, node: &str) {
     }
 }
 
+/// The agent's isolation flags: as on a real node, a user per job when the test runs as root
+/// (as in CI), with a uid range of each agent's own, since these agents share one machine;
+/// else the test's own user.
+fn isolation_args() -> Vec<String> {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|u| u.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false);
+    if root {
+        // Apart from every other agent of this run (a counter) and of other runs (the pid).
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 100;
+        let base = 1_000_000 + ((std::process::id() % 1000) * 100 + n) * 10_000;
+        vec![
+            "--workload-uid-base".into(),
+            base.to_string(),
+            "--workload-uid-count".into(),
+            "10000".into(),
+        ]
+    } else {
+        eprintln!("not root: replicas run with --workload-isolation none");
+        vec!["--workload-isolation".into(), "none".into()]
+    }
+}
+
 /// Starts an agent for every node the control plane buys, as the cloud would boot one with the
 /// agent in its user data; kills it when the node is gone.
 async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
@@ -198,6 +227,7 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
                 .arg("--work-dir")
                 .arg(&work)
                 .args(["--drain-grace", "5s"])
+                .args(isolation_args())
                 .env("RUST_LOG", "info")
                 .stdout(Stdio::from(log.try_clone().expect("log")))
                 .stderr(Stdio::from(log))

@@ -1326,3 +1326,33 @@ impl Store {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_is_the_jobs_only_as_its_manifest_under_the_jobs_prefix() {
+        let id = CheckpointId(uuid::Uuid::now_v7());
+        let ok = |uri: &str, prefix: &str| is_checkpoint_of(uri, prefix, 0, id);
+        let a = "file:///tmp/.tmpx/bucket/team-a";
+        assert!(ok(&format!("{a}/replica-0/{id}/manifest.json"), a));
+        assert!(ok(
+            &format!("{a}/replica-0/{id}/manifest.json"),
+            &format!("{a}/")
+        ));
+        assert!(ok(
+            &format!("s3://b/p/replica-0/{id}/manifest.json"),
+            "s3://b/p"
+        ));
+        for bad in [
+            format!("file:///tmp/.tmpx/bucket/team-b/replica-0/{id}/manifest.json"),
+            format!("{a}/../team-b/replica-0/{id}/manifest.json"),
+            format!("{a}/replica-1/{id}/manifest.json"),
+            format!("s3://tmp/.tmpx/bucket/team-a/replica-0/{id}/manifest.json"),
+            "garbage".to_owned(),
+        ] {
+            assert!(!ok(&bad, a), "{bad}");
+        }
+    }
+}
