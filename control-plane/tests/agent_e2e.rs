@@ -296,7 +296,7 @@ async fn the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice(ba
 
     // A job placed on the node, started by command.
     srv.team_with_token("alpha").await;
-    let store_uri = format!("file://{}/bucket/alpha", tmp.path().display());
+    let store_uri = format!("{}/bucket/alpha", srv.db.config.object_store.url);
     let (_, j) = srv
         .call(
             Method::POST,
@@ -641,8 +641,8 @@ async fn one_teams_job_cannot_take_over_a_node_it_shares_with_another() {
 
     // Team A's job holds a secret in its environment; team B's job goes looking.
     let secret = format!("a-secret-{}", uuid::Uuid::now_v7().simple());
-    let a_store = format!("file://{}/bucket/team-a", tmp.path().display());
-    let b_store = format!("file://{}/bucket/team-b", tmp.path().display());
+    let a_store = format!("{}/bucket/team-a", srv.db.config.object_store.url);
+    let b_store = format!("{}/bucket/team-b", srv.db.config.object_store.url);
     let mut jobs = Vec::new();
     for (team, store) in [("team-a", &a_store), ("team-b", &b_store)] {
         srv.team_with_token(team).await;
