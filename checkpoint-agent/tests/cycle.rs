@@ -38,7 +38,7 @@ async fn start_agent(cp: &ControlPlaneStub, imds_url: &str, dir: &Path) -> Runni
     .expect("token file");
     let mut cfg = AgentConfig::new(&cp.url, &token_file, &dir.join("work"));
     cfg.isolation = stubs::isolation();
-    cfg.workload_uid_base = stubs::uid_base();
+    cfg.workload_uid_base = spotplane_tests::workload_uid_base();
     cfg.workload_uid_count = 10_000;
     cfg.heartbeat_interval = Some(Duration::from_millis(200));
     cfg.notice_poll_interval = Some(Duration::from_millis(100));
@@ -209,7 +209,7 @@ async fn a_restarted_agent_uses_its_saved_credential_and_a_spent_bootstrap_token
     std::fs::write(dir.join("bootstrap-token"), "").expect("empty");
     let mut cfg = AgentConfig::new(&cp.url, &dir.join("bootstrap-token"), &dir.join("work"));
     cfg.isolation = stubs::isolation();
-    cfg.workload_uid_base = stubs::uid_base();
+    cfg.workload_uid_base = spotplane_tests::workload_uid_base();
     cfg.workload_uid_count = 10_000;
     cfg.heartbeat_interval = Some(Duration::from_millis(200));
     let cancel = CancellationToken::new();

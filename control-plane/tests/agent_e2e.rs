@@ -27,52 +27,6 @@ use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, MigLayout, NodeId};
 
 on_both_databases!(the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice);
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|u| u.split_whitespace().nth(1).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
-}
-
-/// The agent's isolation flags: a user per job and a uid range of this agent's own when the
-/// test runs as root (agents side by side must not share the workloads' users); else the
-/// test's own user.
-fn isolation_args() -> Vec<String> {
-    if is_root() {
-        let base = 1_000_000 + (uuid::Uuid::now_v7().as_u128() as u32 % 100_000) * 10_000;
-        vec![
-            "--workload-uid-base".into(),
-            base.to_string(),
-            "--workload-uid-count".into(),
-            "10000".into(),
-        ]
-    } else {
-        eprintln!("not root: replicas run with --workload-isolation none");
-        vec!["--workload-isolation".into(), "none".into()]
-    }
-}
-
-/// A node's folder: searchable by the workloads' users (0711, as `/var/lib` is), with the
-/// example workload where they can run it (the target folder may be in a home only root may
-/// enter).
-fn node_dir(example: &Path) -> (tempfile::TempDir, PathBuf) {
-    use std::os::unix::fs::PermissionsExt;
-    let tmp = tempfile::tempdir().expect("tmp");
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
-    let bin = tmp.path().join("bin");
-    std::fs::create_dir(&bin).expect("bin");
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let to = bin.join("spotplane-example-train");
-    if std::fs::hard_link(example, &to).is_err() {
-        std::fs::copy(example, &to).expect("copy the example workload");
-    }
-    (tmp, to)
-}
-
 fn binary(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let path = exe.parent()?.parent()?.join(name);
@@ -161,7 +115,8 @@ async fn the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice(ba
         return;
     };
     let srv = TestServer::start(backend).await;
-    let (tmp, example) = node_dir(&example);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let example = spotplane_tests::reachable_workload(tmp.path(), &example);
     let node = NodeId(uuid::Uuid::now_v7());
     srv.store()
         .create_node(
@@ -214,7 +169,7 @@ async fn the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice(ba
         .args(["--metadata-url", &imds_url])
         .arg("--work-dir")
         .arg(tmp.path().join("work"))
-        .args(isolation_args())
+        .args(spotplane_tests::agent_isolation_args())
         .env("RUST_LOG", "info")
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
@@ -492,7 +447,7 @@ async fn the_agent_hears_each_simulated_clouds_notice_through_its_metadata_servi
             ])
             .arg("--work-dir")
             .arg(tmp.path().join("work"))
-            .args(isolation_args())
+            .args(spotplane_tests::agent_isolation_args())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .spawn()
@@ -561,7 +516,7 @@ async fn the_agent_hears_each_simulated_clouds_notice_through_its_metadata_servi
 /// attempt cannot be made to resume from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_teams_job_cannot_take_over_a_node_it_shares_with_another() {
-    if !is_root() {
+    if !spotplane_tests::is_root() {
         eprintln!("skipped: needs root, to run the jobs as users of their own (CI runs as root)");
         return;
     }
@@ -627,7 +582,7 @@ async fn one_teams_job_cannot_take_over_a_node_it_shares_with_another() {
         .args(["--metadata-url", &imds_url])
         .arg("--work-dir")
         .arg(&work)
-        .args(isolation_args())
+        .args(spotplane_tests::agent_isolation_args())
         .env("RUST_LOG", "info")
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))

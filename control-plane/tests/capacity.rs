@@ -187,17 +187,7 @@ async fn unmet_demand_is_bought_for_booted_and_placed_then_released_when_idle(ba
     assert_eq!(c.released, 0, "{c:?}");
 
     // Done: idle past the grace, given back, in the store and in the cloud.
-    store
-        .transition_job(
-            job,
-            None,
-            None,
-            JobState::Cancelled,
-            None,
-            spotplane_providers::clock::Clock::now(&clock),
-        )
-        .await
-        .expect("cancelled");
+    cancel(&store, job, &clock).await;
     cap.run_once().await.expect("round");
     clock.advance(Duration::minutes(6));
     let c = cap.run_once().await.expect("round");
@@ -271,6 +261,20 @@ async fn orphans_are_swept_and_taken_nodes_are_recorded(backend: Backend) {
         after.state_reason.as_deref(),
         Some("the cloud took the instance")
     );
+}
+
+async fn cancel(store: &Store, job: JobId, clock: &ManualClock) {
+    store
+        .transition_job(
+            job,
+            None,
+            None,
+            JobState::Cancelled,
+            None,
+            spotplane_providers::clock::Clock::now(clock),
+        )
+        .await
+        .expect("cancelled");
 }
 
 /// Every node ever bought, whatever its state now.
@@ -422,17 +426,7 @@ async fn a_gang_past_its_team_budget_or_the_fleet_cap_buys_nothing(backend: Back
     );
     assert_eq!(rounds(&mut sched, &mut capped, &clock, 3).await, 0);
     assert!(all_nodes(&store).await.is_empty());
-    store
-        .transition_job(
-            big,
-            None,
-            None,
-            JobState::Cancelled,
-            None,
-            spotplane_providers::clock::Clock::now(&clock),
-        )
-        .await
-        .expect("cancelled");
+    cancel(&store, big, &clock).await;
     // A gang within both is bought whole.
     submit_spec(&store, &team_id, &clock, gang(2)).await;
     assert_eq!(rounds(&mut sched, &mut capped, &clock, 1).await, 2);

@@ -115,3 +115,63 @@ impl Drop for Proc {
         self.stop();
     }
 }
+
+/// Whether this process runs as root (its effective uid is 0): the agents the tests start then
+/// isolate replicas as a real node's agent does.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|u| u.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// A uid range (10,000 uids from the value returned) of its own for one test agent: agents
+/// side by side on one machine must not share the workloads' users, as each kills what its
+/// freed users left running. Apart from every other agent of this process (a counter) and of
+/// other test processes (the pid).
+pub fn workload_uid_base() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 100;
+    1_000_000 + ((std::process::id() % 1000) * 100 + n) * 10_000
+}
+
+/// The isolation flags of an agent a test starts: a user per job, from a uid range of its own,
+/// when the test runs as root (as in CI); else replicas run as the test's own user.
+pub fn agent_isolation_args() -> Vec<String> {
+    if is_root() {
+        vec![
+            "--workload-uid-base".into(),
+            workload_uid_base().to_string(),
+            "--workload-uid-count".into(),
+            "10000".into(),
+        ]
+    } else {
+        eprintln!("not root: replicas run with --workload-isolation none");
+        vec!["--workload-isolation".into(), "none".into()]
+    }
+}
+
+/// Where [`reachable_workload`] puts the example workload in `dir`.
+pub fn workload_path(dir: &Path) -> PathBuf {
+    dir.join("bin").join("spotplane-example-train")
+}
+
+/// Makes `dir` searchable by the workloads' users (0711, as `/var/lib` is) and puts `example`
+/// where they can run it (the target folder may be under a home only root may enter); returns
+/// its path there.
+pub fn reachable_workload(dir: &Path, example: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let to = workload_path(dir);
+    let bin = to.parent().expect("bin folder");
+    std::fs::create_dir_all(bin).expect("bin");
+    std::fs::set_permissions(bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    if std::fs::hard_link(example, &to).is_err() {
+        std::fs::copy(example, &to).expect("copy the example workload");
+    }
+    to
+}

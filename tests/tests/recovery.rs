@@ -134,35 +134,6 @@ fn kill_agent(agents: &Agents, node: &str) {
     }
 }
 
-/// The agent's isolation flags: as on a real node, a user per job when the test runs as root
-/// (as in CI), with a uid range of each agent's own, since these agents share one machine;
-/// else the test's own user.
-fn isolation_args() -> Vec<String> {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|u| u.split_whitespace().nth(1).map(|e| e == "0"))
-        })
-        .unwrap_or(false);
-    if root {
-        // Apart from every other agent of this run (a counter) and of other runs (the pid).
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 100;
-        let base = 1_000_000 + ((std::process::id() % 1000) * 100 + n) * 10_000;
-        vec![
-            "--workload-uid-base".into(),
-            base.to_string(),
-            "--workload-uid-count".into(),
-            "10000".into(),
-        ]
-    } else {
-        eprintln!("not root: replicas run with --workload-isolation none");
-        vec!["--workload-isolation".into(), "none".into()]
-    }
-}
-
 /// Starts an agent for every node the control plane buys, as the cloud would boot one with the
 /// agent in its user data; kills it when the node is gone.
 async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
@@ -227,7 +198,7 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
                 .arg("--work-dir")
                 .arg(&work)
                 .args(["--drain-grace", "5s"])
-                .args(isolation_args())
+                .args(spotplane_tests::agent_isolation_args())
                 .env("RUST_LOG", "info")
                 .stdout(Stdio::from(log.try_clone().expect("log")))
                 .stderr(Stdio::from(log))
@@ -244,18 +215,9 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
 
 impl Cluster {
     async fn start(db: Db, one_gpu_nodes: bool) -> Cluster {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tmp");
-        // Agents run replicas as users of their own (docs/agent.md, isolation): the folder is
-        // searchable by them (0711, as /var/lib is), and the example workload is where they
-        // can run it (the target folder may be in a home only root may enter).
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
-            .expect("chmod");
-        let bin_dir = dir.path().join("bin");
-        std::fs::create_dir(&bin_dir).expect("bin");
-        std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        std::fs::copy(bin("spotplane-example-train"), example(dir.path()))
-            .expect("copy the example workload");
+        // Agents run replicas as users of their own (docs/agent.md, isolation).
+        spotplane_tests::reachable_workload(dir.path(), &bin("spotplane-example-train"));
         let port = free_port();
         let config = dir.path().join("spotplane.toml");
         std::fs::write(&config, self::config(dir.path(), port, db, one_gpu_nodes)).expect("config");
@@ -517,11 +479,6 @@ fn step_of(line: &str, prefix: &str) -> Option<u64> {
         .find_map(|r| r.split_whitespace().next()?.parse().ok())
 }
 
-/// Where a cluster keeps the example workload, for its replicas' users to run.
-fn example(dir: &Path) -> PathBuf {
-    dir.join("bin").join("spotplane-example-train")
-}
-
 /// The example workload as a job: `steps` steps of 50 ms, a checkpoint every `interval_s`
 /// simulated seconds, to the default object store's folder for the job.
 fn job_body(
@@ -535,7 +492,7 @@ fn job_body(
     json!({
         "name": name, "team": "ml", "replicas": replicas, "elastic": elastic,
         "shape": {"gpus": 1},
-        "command": [example(c.dir.path())],
+        "command": [spotplane_tests::workload_path(c.dir.path())],
         "env": {"TRAIN_STEPS": steps.to_string(), "TRAIN_STEP_MS": "50", "TRAIN_WEIGHTS_BYTES": "65536"},
         "checkpoint": {"interval_s": interval_s},
     })

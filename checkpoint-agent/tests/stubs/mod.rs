@@ -31,35 +31,21 @@ pub fn isolation() -> spotplane_agent::isolation::Isolation {
     }
 }
 
-/// A uid range of its own for one test agent: agents running side by side on one machine
-/// (tests playing several nodes) must not share the workloads' users, as each kills what
-/// its freed users left running.
-pub fn uid_base() -> u32 {
-    1_000_000 + (rand::random::<u32>() % 100_000) * 10_000
-}
-
 /// A node's folder for a test: searchable by the workloads' users (0711, as `/var/lib` is),
 /// with the example workload where they can run it (the target folder may be under a home
 /// only root may enter).
 pub fn node_dir() -> tempfile::TempDir {
-    use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().expect("tmp");
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
-    let bin = tmp.path().join("bin");
-    std::fs::create_dir(&bin).expect("bin");
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let example = env!("CARGO_BIN_EXE_spotplane-example-train");
-    let to = bin.join("spotplane-example-train");
-    if std::fs::hard_link(example, &to).is_err() {
-        std::fs::copy(example, &to).expect("copy the example workload");
-    }
+    spotplane_tests::reachable_workload(
+        tmp.path(),
+        std::path::Path::new(env!("CARGO_BIN_EXE_spotplane-example-train")),
+    );
     tmp
 }
 
 /// The example workload of a [`node_dir`].
 pub fn example(node_dir: &std::path::Path) -> String {
-    node_dir
-        .join("bin/spotplane-example-train")
+    spotplane_tests::workload_path(node_dir)
         .display()
         .to_string()
 }

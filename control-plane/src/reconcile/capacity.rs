@@ -254,8 +254,11 @@ impl CapacityLoop {
         // Only models the team's quota lets it use are bought for (a T4 is no use to a team
         // whose quota is H100s).
         let mut quota_models = crate::scheduler::quota_models_of_queued(&snap);
-        self.gang_backoff
-            .retain(|job, _| snap.queued.iter().any(|q| q.id == *job));
+        if !self.gang_backoff.is_empty() {
+            let queued: std::collections::HashSet<JobId> =
+                snap.queued.iter().map(|q| q.id).collect();
+            self.gang_backoff.retain(|job, _| queued.contains(job));
+        }
         let demand: Vec<Demand> = snap
             .queued
             .iter()
