@@ -272,6 +272,8 @@ fn register_request(node_id: NodeId, instance_id: Option<String>) -> RegisterReq
         cpu_milli: u32::try_from(cpus * 1000).unwrap_or(u32::MAX),
         memory_mib,
         gpus: crate::inventory::gpus(),
+        container_engine: None,
+        address: None,
     }
 }
 
@@ -711,6 +713,7 @@ impl Runtime {
                 devices,
                 checkpoint_uri,
                 resume_from,
+                ..
             } => {
                 if let Some(r) = self.replicas.get(&(job_id, replica))
                     && r.attempt == attempt

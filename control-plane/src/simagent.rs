@@ -208,6 +208,8 @@ impl SimAgents {
             cpu_milli: 0,
             memory_mib: 0,
             gpus: vec![],
+            container_engine: None,
+            address: None,
         };
         match self
             .store

@@ -104,6 +104,8 @@ impl World {
                     cpu_milli: 4_000,
                     memory_mib: 16_384,
                     gpus: vec![],
+                    container_engine: None,
+                    address: None,
                 },
                 now,
             )

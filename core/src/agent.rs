@@ -61,6 +61,28 @@ pub struct RegisterRequest {
     /// GPUs as NVML reports them; empty on a node without a driver.
     #[serde(default)]
     pub gpus: Vec<GpuInfo>,
+    /// The OCI engine the agent runs container images with; `None` on a node without one,
+    /// where the scheduler places no job that names an `image`.
+    #[serde(default)]
+    pub container_engine: Option<ContainerEngineInfo>,
+    /// The node's private address, as its gang peers reach it (`SPOTPLANE_PEER_ADDRS`,
+    /// `MASTER_ADDR`): an IP address without a port.
+    #[serde(default)]
+    pub address: Option<String>,
+}
+
+/// The container engine an agent found (or was told to use) on its node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ContainerEngineInfo {
+    /// `podman` or `docker`.
+    pub kind: String,
+    /// The engine's version as it prints it.
+    pub version: String,
+    /// Whether the node has a CDI spec for its GPUs (`nvidia-ctk cdi generate`): devices are
+    /// then passed as `--device nvidia.com/gpu=<uuid>`, else through `NVIDIA_VISIBLE_DEVICES`.
+    #[serde(default)]
+    pub cdi: bool,
 }
 
 /// One GPU as NVML reports it.
@@ -333,6 +355,18 @@ pub enum CommandKind {
         /// Manifest of the checkpoint to resume from.
         #[serde(default)]
         resume_from: Option<String>,
+        /// The job refers to team secrets (its `secrets`, or `image_pull_secret`): the agent
+        /// fetches their values with [`AgentSecrets`] before it starts the replica. The values
+        /// never travel in the command itself, which the control plane keeps.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        secrets: bool,
+        /// Who the replica is in its gang and where its peers are.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rendezvous: Option<Rendezvous>,
+        /// The replica's share of the node (its job's `cpu_milli` and `memory_mib`): the
+        /// container's limits.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limits: Option<ReplicaLimits>,
     },
     /// Checkpoint one replica now and upload it before `deadline`.
     Checkpoint {
@@ -367,6 +401,87 @@ pub enum CommandKind {
         #[serde(default)]
         reason: Option<String>,
     },
+}
+
+/// Where a replica stands in its gang, as distributed training frameworks need to know it.
+///
+/// The agent hands it to the workload as `SPOTPLANE_RANK`, `SPOTPLANE_WORLD_SIZE`,
+/// `SPOTPLANE_NODE_RANK`, `SPOTPLANE_PEER_ADDRS`, and as the names torchrun and PyTorch read:
+/// `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (docs/agent.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Rendezvous {
+    /// The replica's index in the gang (0-based).
+    pub rank: u32,
+    /// How many replicas the gang has.
+    pub world_size: u32,
+    /// The index of this replica's node among the gang's distinct nodes, in rank order.
+    pub node_rank: u32,
+    /// The private address of each replica's node, in rank order (one per replica).
+    pub peers: Vec<String>,
+    /// Rank 0's node address.
+    pub master_addr: String,
+    /// The port rank 0 listens on for the rendezvous; the same for every replica of one run.
+    pub master_port: u16,
+}
+
+/// A replica's resource limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReplicaLimits {
+    pub cpu_milli: u32,
+    pub memory_mib: u64,
+}
+
+/// `GET /v1/agent/jobs/{job_id}/secrets`: the values of the team secrets a job refers to,
+/// answered only to the node that runs one of its replicas. Never logged, never stored by the
+/// agent outside the replica's environment (and a pull's short-lived auth file).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AgentSecrets {
+    /// Environment variable name → the secret's value (the job's `secrets`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Registry credentials for pulling the job's image (its `image_pull_secret`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<RegistryCredential>,
+}
+
+impl std::fmt::Debug for AgentSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentSecrets")
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("registry", &self.registry)
+            .finish()
+    }
+}
+
+/// A registry login: the team secret named by `image_pull_secret` holds `username:password`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RegistryCredential {
+    pub username: String,
+    pub password: String,
+}
+
+impl RegistryCredential {
+    /// Reads a secret's value, `username:password` (the password may hold colons).
+    pub fn parse(value: &str) -> Option<RegistryCredential> {
+        let (user, password) = value.trim_end_matches(['\r', '\n']).split_once(':')?;
+        (!user.is_empty() && !password.is_empty()).then(|| RegistryCredential {
+            username: user.to_owned(),
+            password: password.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Debug for RegistryCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryCredential")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
 }
 
 /// The outcome of a command.

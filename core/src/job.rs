@@ -236,6 +236,14 @@ pub struct JobSpec {
     pub image: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Environment variables filled from the team's secrets: variable name → secret name
+    /// (`{"HF_TOKEN": "hf-token"}`). Only the names are kept with the job; the values reach
+    /// the replica through its node agent.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, String>,
+    /// The team secret holding the registry login (`username:password`) to pull `image` with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
     /// When the job must have finished; the planner falls back to on-demand capacity to keep it.
@@ -273,6 +281,13 @@ pub struct JobSpec {
     pub elastic: bool,
 }
 
+/// Letters, digits and `_`, not starting with a digit.
+fn valid_env_name(k: &str) -> bool {
+    !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 /// `max_hourly_usd` is written in dollars on the wire and held as micro-dollars.
 mod usd_opt {
     use serde::{Deserialize, Deserializer, Serializer};
@@ -307,6 +322,8 @@ impl JobSpec {
             command,
             image: None,
             env: BTreeMap::new(),
+            secrets: BTreeMap::new(),
+            image_pull_secret: None,
             checkpoint: None,
             deadline: None,
             work_hours: None,
@@ -398,10 +415,7 @@ impl JobSpec {
             );
         }
         for (k, v) in &self.env {
-            let valid_name = !k.is_empty()
-                && !k.starts_with(|c: char| c.is_ascii_digit())
-                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !valid_name {
+            if !valid_env_name(k) {
                 errs.push(format!("env.{k}"), "environment variable names hold letters, digits and '_' and do not start with a digit");
             } else if k.starts_with(RESERVED_ENV_PREFIX) {
                 errs.push(
@@ -421,6 +435,38 @@ impl JobSpec {
         }
         if self.env.len() > 256 {
             errs.push("env", "at most 256 variables");
+        }
+        for (k, name) in &self.secrets {
+            if !valid_env_name(k) {
+                errs.push(format!("secrets.{k}"), "environment variable names hold letters, digits and '_' and do not start with a digit");
+            } else if k.starts_with(RESERVED_ENV_PREFIX) {
+                errs.push(
+                    format!("secrets.{k}"),
+                    format!("names starting with {RESERVED_ENV_PREFIX} are set by spotplane"),
+                );
+            } else if self.env.contains_key(k) {
+                errs.push(
+                    format!("secrets.{k}"),
+                    "is also set in env; set it in one place",
+                );
+            }
+            if let Err(m) = crate::validate::check_secret_name(name) {
+                errs.push(format!("secrets.{k}"), m);
+            }
+        }
+        if self.secrets.len() > 64 {
+            errs.push("secrets", "at most 64 secrets");
+        }
+        if let Some(name) = &self.image_pull_secret {
+            if self.image.is_none() {
+                errs.push(
+                    "image_pull_secret",
+                    "is only used to pull an image; set image too",
+                );
+            }
+            if let Err(m) = crate::validate::check_secret_name(name) {
+                errs.push("image_pull_secret", m);
+            }
         }
         if let Some(c) = &self.checkpoint {
             match c.uri.split_once("://") {

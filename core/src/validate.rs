@@ -127,6 +127,11 @@ pub fn check_name(value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A team secret's name follows the same rule as [`check_name`].
+pub fn check_secret_name(value: &str) -> Result<(), String> {
+    check_name(value).map_err(|m| format!("secret name {m}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,7 @@ mod m20261130_000002_gpu_desired_layout;
 mod m20261130_000003_agent_protocol;
 mod m20261201_000003_webhooks_and_finance;
 mod m20261201_000004_recovery;
+mod m20261203_000005_node_capabilities;
 
 pub struct Migrator;
 
@@ -27,6 +28,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000003_agent_protocol::Migration),
             Box::new(m20261201_000003_webhooks_and_finance::Migration),
             Box::new(m20261201_000004_recovery::Migration),
+            Box::new(m20261203_000005_node_capabilities::Migration),
         ]
     }
 }

@@ -339,6 +339,7 @@ async fn record_registration_in<C: ConnectionTrait>(
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     let inventory = to_json(&req.gpus)?;
+    let engine = req.container_engine.as_ref().map(to_json).transpose()?;
     let existing = node_agent::Entity::find_by_id(node_row.id.clone())
         .one(txn)
         .await?;
@@ -363,6 +364,11 @@ async fn record_registration_in<C: ConnectionTrait>(
                     Expr::value(req.instance_id.clone()),
                 )
                 .col_expr(node_agent::Column::Inventory, Expr::value(inventory))
+                .col_expr(node_agent::Column::ContainerEngine, Expr::value(engine))
+                .col_expr(
+                    node_agent::Column::Address,
+                    Expr::value(req.address.clone()),
+                )
                 .col_expr(node_agent::Column::RegisteredAt, Expr::value(now))
                 .filter(node_agent::Column::NodeId.eq(node_row.id.clone()))
                 .exec(txn)
@@ -383,6 +389,8 @@ async fn record_registration_in<C: ConnectionTrait>(
                 telemetry: Set(json!([])),
                 replicas: Set(json!([])),
                 notice: Set(None),
+                container_engine: Set(engine),
+                address: Set(req.address.clone()),
             }
             .insert(txn)
             .await?;

@@ -342,6 +342,12 @@ impl Store {
                 devices: devices.clone(),
                 checkpoint_uri,
                 resume_from: resume_from.clone(),
+                secrets: !spec.secrets.is_empty() || spec.image_pull_secret.is_some(),
+                rendezvous: None,
+                limits: Some(spotplane_core::agent::ReplicaLimits {
+                    cpu_milli: spec.cpu_milli,
+                    memory_mib: spec.memory_mib,
+                }),
             };
             super::agents::enqueue_command_in(&txn, node_id, kind, now).await?;
             txn.commit().await?;

@@ -17,6 +17,8 @@ pub struct Model {
     pub telemetry: Json,
     pub replicas: Json,
     pub notice: Option<Json>,
+    pub container_engine: Option<Json>,
+    pub address: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
