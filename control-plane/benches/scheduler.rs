@@ -59,6 +59,7 @@ fn cluster(nodes: usize, jobs: usize, seed: u64) -> Snapshot {
                     Market::Spot
                 },
                 schedulable: true,
+                runs_images: true,
                 cpu_milli: 192_000,
                 memory_mib: 2 * 1024 * 1024,
                 gpu_model: Some(model),
@@ -159,6 +160,7 @@ fn cluster(nodes: usize, jobs: usize, seed: u64) -> Snapshot {
                 clouds: vec![],
                 regions: vec![],
                 spot: rng.random_bool(0.9),
+                image: false,
             }
         })
         .collect();

@@ -18,8 +18,8 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use spotplane_core::agent::{
     AppliedMigLayout, CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger,
-    Command, CommandKind, CommandResult, Heartbeat, NoticeSource, PROTOCOL_VERSION,
-    RegisterRequest, ReplicaPhase, ReplicaStatus, TerminationNotice,
+    Command, CommandKind, CommandResult, ContainerEngineInfo, Heartbeat, NoticeSource,
+    PROTOCOL_VERSION, RegisterRequest, ReplicaPhase, ReplicaStatus, TerminationNotice,
 };
 use spotplane_core::shape::GpuShape;
 use spotplane_core::{CheckpointId, Cloud, CommandId, JobId, NodeId, NodeState};
@@ -208,7 +208,12 @@ impl SimAgents {
             cpu_milli: 0,
             memory_mib: 0,
             gpus: vec![],
-            container_engine: None,
+            // A simulated node runs a simulated job's image as it runs its command: not at all.
+            container_engine: Some(ContainerEngineInfo {
+                kind: "simulated".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                cdi: true,
+            }),
             address: None,
         };
         match self

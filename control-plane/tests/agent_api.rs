@@ -20,6 +20,8 @@ on_both_databases!(
     a_mig_layout_result_records_the_layout_the_gpu_has_now,
     bad_agent_input_gets_a_problem_naming_the_field,
     a_checkpoint_report_outside_the_jobs_prefix_is_refused,
+    a_failed_start_says_why_in_the_jobs_events_and_webhooks,
+    only_nodes_registered_with_a_container_engine_run_images,
 );
 
 fn new_node(name: &str) -> NewNode {
@@ -1133,5 +1135,120 @@ async fn bad_agent_input_gets_a_problem_naming_the_field(backend: Backend) {
             "{s} documented"
         );
     }
+    srv.stop().await;
+}
+
+/// Issue 21: an image that will not pull fails the replica with the agent's reason, in the
+/// job's events and in the outbox the webhooks are sent from; the run counts as a failure.
+async fn a_failed_start_says_why_in_the_jobs_events_and_webhooks(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let (id, cred) = registered(&srv, "n").await;
+    let job = job_on(&srv, id).await;
+    let now = chrono::Utc::now();
+    srv.store()
+        .start_replica(job, id, 0, 1, vec!["0".into()], None, "s3://ckpt", now)
+        .await
+        .expect("start queued");
+    let (_, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/heartbeat",
+            Some(&cred),
+            Some(&heartbeat(id)),
+        )
+        .await;
+    let start = v["commands"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "start"))
+        .cloned()
+        .expect("a start command");
+    let why = "pulling localhost:1/nope:1: connection refused";
+    let mut hb = heartbeat(id);
+    hb["results"] = json!([{"command_id": start["id"], "ok": false, "message": why}]);
+    // Sent twice (a retried heartbeat): one event.
+    for _ in 0..2 {
+        let (s, v) = srv
+            .call(Method::POST, "/v1/agent/heartbeat", Some(&cred), Some(&hb))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+
+    let (s, events) = srv
+        .call(
+            Method::GET,
+            &format!("/v1/jobs/{job}/events"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{events}");
+    let failed: Vec<&Value> = events["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|e| e["type"] == "job.start_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{events}");
+    let reason = failed[0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("replica 0 could not start") && reason.contains(why),
+        "{reason}"
+    );
+    assert_eq!(failed[0]["data"]["error"], why, "{events}");
+
+    let outbox: Vec<_> = srv
+        .store()
+        .outbox_after(0, 1000)
+        .await
+        .expect("outbox")
+        .into_iter()
+        .filter(|e| e.kind == "job.start_failed")
+        .collect();
+    assert_eq!(outbox.len(), 1);
+    assert_eq!(
+        spotplane::webhooks::EventType::of_outbox(&outbox[0].kind, &outbox[0].payload),
+        Some(spotplane::webhooks::EventType::JobStartFailed)
+    );
+    assert!(
+        outbox[0].payload["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains(why)),
+        "{:?}",
+        outbox[0].payload
+    );
+    srv.stop().await;
+}
+
+/// The scheduler's view of a node says whether its agent runs images: only when it registered
+/// with a container engine.
+async fn only_nodes_registered_with_a_container_engine_run_images(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let (bare, _) = registered(&srv, "bare").await;
+    let now = chrono::Utc::now();
+    let (n, boot) = srv
+        .store()
+        .create_node_with_bootstrap(new_node("engine"), now + chrono::Duration::hours(1), now)
+        .await
+        .expect("node and token");
+    let mut body = register_body(n.id);
+    body["container_engine"] = json!({"kind": "podman", "version": "4.3.1", "cdi": false});
+    body["address"] = json!("10.0.0.7");
+    let (s, v) = srv
+        .call(Method::POST, "/v1/agent/register", Some(&boot), Some(&body))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let snap = srv
+        .store()
+        .scheduler_snapshot(&mut spotplane::store::SpecCache::default())
+        .await
+        .expect("snapshot");
+    let runs = |id: NodeId| {
+        snap.nodes
+            .iter()
+            .find(|x| x.id == id)
+            .map(|x| x.runs_images)
+    };
+    assert_eq!(runs(bare), Some(false));
+    assert_eq!(runs(n.id), Some(true));
     srv.stop().await;
 }

@@ -1,6 +1,7 @@
 //! What a registering agent says of its node beyond its GPUs: the container engine it runs
 //! images with (none: no job naming an `image` is placed there) and its private address, which
-//! the replicas of a gang are told to find each other at.
+//! the replicas of a gang are told to find each other at. And why a replica could not start (its
+//! image would not pull, its node has no engine), which the job's failure then says.
 
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::schema::*;
@@ -25,6 +26,13 @@ impl MigrationTrait for Migration {
                 .add_column(string_null(NodeAgents::Address))
                 .to_owned(),
         )
+        .await?;
+        m.alter_table(
+            Table::alter()
+                .table(Allocations::Table)
+                .add_column(text_null(Allocations::StartError))
+                .to_owned(),
+        )
         .await
     }
 }
@@ -34,4 +42,10 @@ enum NodeAgents {
     Table,
     ContainerEngine,
     Address,
+}
+
+#[derive(DeriveIden)]
+enum Allocations {
+    Table,
+    StartError,
 }

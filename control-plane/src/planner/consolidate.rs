@@ -107,6 +107,8 @@ pub struct MovableJob {
     pub clouds: Vec<Cloud>,
     pub regions: Vec<String>,
     pub spot: bool,
+    /// It names a container image (see `QueuedJob::image`).
+    pub image: bool,
     /// Whether it checkpoints; a job that does not is never moved.
     pub checkpoints: bool,
     /// Compute it still needs, in hours, when known.
@@ -267,6 +269,7 @@ pub fn consolidate(
                 clouds: m.clouds.clone(),
                 regions: m.regions.clone(),
                 spot: m.spot,
+                image: m.image,
             });
         }
         // Work goes onto nodes whose own work lasts at least as long as the work moved (an
@@ -407,6 +410,7 @@ fn replacement(
                 zone: offer.zone.to_string(),
                 market: offer.market,
                 schedulable: true,
+                runs_images: true,
                 cpu_milli: u64::from(offer.vcpus) * 1000,
                 memory_mib: offer.memory_mib,
                 gpu_model: Some(model),
@@ -478,6 +482,7 @@ mod tests {
             zone: "us-east-1a".into(),
             market: Market::Spot,
             schedulable: true,
+            runs_images: true,
             cpu_milli: 96_000,
             memory_mib: 1024 * 1024,
             gpu_model: Some(GpuModel::A100_80GB),
@@ -518,6 +523,7 @@ mod tests {
             clouds: vec![],
             regions: vec![],
             spot: true,
+            image: false,
             checkpoints: true,
             remaining_hours: None,
             restart_hours: 0.1,

@@ -591,6 +591,7 @@ impl CapacityLoop {
                     clouds: spec.clouds.clone(),
                     regions: spec.regions.clone(),
                     spot: spec.spot,
+                    image: spec.image.is_some(),
                     checkpoints: spec.checkpoint.is_some(),
                     remaining_hours,
                     restart_hours: self.settings.planner.default_restart_hours,

@@ -124,6 +124,8 @@ pub struct AllocView {
     pub started_at: Option<DateTime<Utc>>,
     pub phase: Option<ReplicaPhase>,
     pub exit_code: Option<i32>,
+    /// Why its start failed (the agent's reason), when it did.
+    pub start_error: Option<String>,
 }
 
 /// A durable checkpoint of one replica.
@@ -485,9 +487,10 @@ fn plan_job(r: &Round, j: &JobView, out: &mut Vec<Action>) -> bool {
                 .iter()
                 .find(|a| a.phase == Some(ReplicaPhase::Exited) && a.exit_code != Some(0))
             {
-                let why = match a.exit_code {
-                    Some(c) => format!("replica {} exited with status {c}", a.replica),
-                    None => format!("replica {} was killed", a.replica),
+                let why = match (a.exit_code, &a.start_error) {
+                    (_, Some(e)) => format!("replica {} could not start: {e}", a.replica),
+                    (Some(c), None) => format!("replica {} exited with status {c}", a.replica),
+                    (None, None) => format!("replica {} was killed", a.replica),
                 };
                 out.push(failure(now, j, s, &why));
                 return false;

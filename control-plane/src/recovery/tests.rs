@@ -41,6 +41,7 @@ fn alloc(replica: u32, n: u128, phase: Option<ReplicaPhase>) -> AllocView {
         started_at: Some(t(0)),
         phase,
         exit_code: None,
+        start_error: None,
     }
 }
 
@@ -220,6 +221,25 @@ fn the_job_lifecycle_follows_what_the_agents_report() {
             "other"
         };
         assert_eq!(got, expect, "{state} {replicas:?}: {out:?}");
+    }
+}
+
+#[test]
+fn a_replica_that_could_not_start_fails_the_run_with_the_agents_reason() {
+    let s = Settings::default();
+    let mut a = alloc(0, 1, Some(ReplicaPhase::Exited));
+    a.start_error = Some("pulling localhost:1/nope:1: connection refused".into());
+    let mut j = job(JobState::Starting, vec![a]);
+    j.failures = 3;
+    let out = plan(t(100), &snap(vec![j], vec![ready(1)]), &s);
+    match out.as_slice() {
+        [Action::Fail { reason, .. }] => {
+            assert!(
+                reason.contains("replica 0 could not start: pulling localhost:1/nope:1"),
+                "{reason}"
+            );
+        }
+        other => panic!("unexpected {other:?}"),
     }
 }
 

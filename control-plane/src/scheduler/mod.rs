@@ -98,11 +98,14 @@ struct Filter<'a> {
     regions: &'a [String],
     spot: bool,
     zone: Option<u16>,
+    /// The job runs a container image.
+    image: bool,
 }
 
 impl Filter<'_> {
     fn admits(&self, n: &state::NodeState) -> bool {
         n.schedulable
+            && (!self.image || n.runs_images)
             && (self.clouds.is_empty() || self.clouds.contains(&n.cloud))
             && (self.regions.is_empty() || self.regions.iter().any(|r| **r == *n.region))
             && (self.spot || n.market == Market::OnDemand)
@@ -136,6 +139,7 @@ struct RequestClass<'a> {
     clouds: &'a [Cloud],
     regions: &'a [String],
     spot: bool,
+    image: bool,
 }
 
 /// A queued job as the cycle's queues hold it.
@@ -331,6 +335,7 @@ impl<'a> TeamQueues<'a> {
                 clouds: &job.clouds,
                 regions: &job.regions,
                 spot: job.spot,
+                image: job.image,
             };
             let next = interned.len() as u32;
             let class = *interned.entry(rc).or_insert_with(|| {
@@ -718,6 +723,7 @@ impl<'a> Cycle<'a> {
             regions: &job.regions,
             spot: job.spot,
             zone: None,
+            image: job.image,
         };
         if job.replicas == 1 {
             let one = self.place_one(&job.shape.gpu, need, models, &filter, None)?;
@@ -1152,6 +1158,7 @@ impl<'a> Cycle<'a> {
             regions: &job.regions,
             spot: job.spot,
             zone: None,
+            image: job.image,
         };
         // The first nodes the job may use, in the order of their cheapest candidate, at most
         // `preemption_nodes` of them; then each one's candidates, in cost order.
@@ -1519,6 +1526,7 @@ impl<'a> Cycle<'a> {
             regions: &job.regions,
             spot: job.spot,
             zone: None,
+            image: job.image,
         };
         // A re-layout ordered earlier this cycle may already have made a spare instance of
         // this class: a single replica waits for that one rather than re-lay another GPU.
@@ -1664,6 +1672,7 @@ impl<'a> Cycle<'a> {
             regions: &job.regions,
             spot: job.spot,
             zone: None,
+            image: job.image,
         };
         let mut any_gpu = false;
         let convertible =

@@ -34,6 +34,8 @@ pub struct NodeSnap {
     /// The model of the node's GPUs; `None` for a CPU-only node.
     pub gpu_model: Option<GpuModel>,
     pub gpus: Vec<GpuSnap>,
+    /// Its agent registered with a container engine: jobs that name an `image` may go here.
+    pub runs_images: bool,
 }
 
 /// One GPU: plain (whole or shared), in MIG mode with its instances, or being re-laid out.
@@ -97,6 +99,8 @@ pub struct QueuedJob {
     pub regions: Vec<String>,
     /// Whether spot nodes may be used.
     pub spot: bool,
+    /// It names a container `image`: only nodes that run images may take it.
+    pub image: bool,
 }
 
 /// A team's fair-share settings.

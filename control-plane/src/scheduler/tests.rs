@@ -63,6 +63,7 @@ fn node(n: u128, model: GpuModel, gpus: usize, zone: &str) -> NodeSnap {
         zone: zone.into(),
         market: Market::Spot,
         schedulable: true,
+        runs_images: true,
         cpu_milli: 96_000,
         memory_mib: 1024 * 1024,
         gpu_model: Some(model),
@@ -111,6 +112,7 @@ fn queued(id: u128, team: &str, gpu: GpuShape, replicas: u32, priority: i32) -> 
         clouds: vec![],
         regions: vec![],
         spot: true,
+        image: false,
     }
 }
 
@@ -786,6 +788,47 @@ fn unschedulable_nodes_get_nothing() {
     });
     assert!(d.admissions.is_empty());
     assert_eq!(d.unmet[0].reason, WaitReason::NoCapacity);
+}
+
+#[test]
+fn image_jobs_go_only_to_nodes_that_run_images() {
+    let mut bare = node(1, H100, 8, "a");
+    bare.runs_images = false;
+    let engine = node(2, H100, 8, "a");
+    let mut image = queued(1, "t", whole(1), 1, 0);
+    image.image = true;
+    let host = queued(2, "t", whole(1), 1, 0);
+
+    // Only the node without an engine: the host job runs there, the image job waits.
+    let d = run(&Snapshot {
+        nodes: vec![bare.clone()],
+        queued: vec![image.clone(), host.clone()],
+        ..Default::default()
+    });
+    assert_eq!(d.admissions.len(), 1);
+    assert_eq!(d.admissions[0].job, jid(2));
+    assert_eq!(d.unmet.len(), 1);
+    assert_eq!(d.unmet[0].job, jid(1));
+    assert_eq!(d.unmet[0].reason, WaitReason::NoCapacity);
+
+    // With a node that runs images as well, the image job goes there, whatever the order.
+    for nodes in [vec![bare.clone(), engine.clone()], vec![engine, bare]] {
+        let d = run(&Snapshot {
+            nodes,
+            queued: vec![image.clone(), host.clone()],
+            ..Default::default()
+        });
+        assert_eq!(d.admissions.len(), 2, "{d:?}");
+        let placed = d
+            .admissions
+            .iter()
+            .find(|a| a.job == jid(1))
+            .expect("image job placed");
+        assert!(
+            placed.placements.iter().all(|p| p.node == nid(2)),
+            "{placed:?}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ use super::entity::{
     agent_bootstrap_token, agent_command, allocation, api_token, checkpoint, gpu, job, job_event,
     node, node_agent, outbox,
 };
+use super::jobs::job_note_in;
 use super::tokens::{generate_secret, hash_secret, shown_prefix};
 use super::{Store, StoreError, from_json, new_uuid, parse_col};
 use crate::model::{Page, PageRequest, Role};
@@ -676,6 +677,26 @@ pub(crate) async fn enqueue_command_in<C: ConnectionTrait>(
 /// An allocation whose `start` command failed.
 pub(crate) const PHASE_START_FAILED: &str = "start_failed";
 
+/// The most of an agent's start error that is kept (an engine's stderr can be long).
+const START_ERROR_MAX: usize = 2000;
+
+/// An agent's reason for a failed start, trimmed to [`START_ERROR_MAX`] bytes on a character
+/// boundary.
+fn start_error_text(message: Option<&str>) -> String {
+    let m = message
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .unwrap_or("the agent gave no reason");
+    if m.len() <= START_ERROR_MAX {
+        return m.to_owned();
+    }
+    let mut end = START_ERROR_MAX;
+    while !m.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &m[..end])
+}
+
 pub(crate) fn phase_text(p: ReplicaPhase) -> &'static str {
     match p {
         ReplicaPhase::Starting => "starting",
@@ -800,17 +821,37 @@ async fn apply_result_in<C: ConnectionTrait>(
             _,
             _,
         ) if !result.ok => {
-            // The replica never ran (its checkpoint could not be restored, the command not
-            // found): the recovery loop counts it as a failure of the job.
-            allocation::Entity::update_many()
+            // The replica never ran (its image would not pull, its checkpoint could not be
+            // restored, the command was not found): the recovery loop counts it as a failure
+            // of the job, and the job's events and webhooks say why.
+            let why = start_error_text(result.message.as_deref());
+            let marked = allocation::Entity::update_many()
                 .col_expr(allocation::Column::Phase, Expr::value(PHASE_START_FAILED))
                 .col_expr(allocation::Column::PhaseAt, Expr::value(Some(now)))
+                .col_expr(
+                    allocation::Column::StartError,
+                    Expr::value(Some(why.clone())),
+                )
                 .filter(allocation::Column::JobId.eq(job_id.to_string()))
                 .filter(allocation::Column::Replica.eq(i32::try_from(*replica).unwrap_or(i32::MAX)))
                 .filter(allocation::Column::Attempt.eq(i32::try_from(*attempt).unwrap_or(i32::MAX)))
                 .filter(allocation::Column::NodeId.eq(node_id.to_string()))
+                .filter(allocation::Column::ReleasedAt.is_null())
                 .exec(txn)
                 .await?;
+            if marked.rows_affected > 0
+                && let Some(job_row) = job::Entity::find_by_id(job_id.to_string()).one(txn).await?
+            {
+                job_note_in(
+                    txn,
+                    job_row,
+                    "start_failed",
+                    &format!("replica {replica} could not start on node {node_id}: {why}"),
+                    json!({"replica": replica, "attempt": attempt, "node_id": node_id, "error": why}),
+                    now,
+                )
+                .await?;
+            }
         }
         _ => {}
     }

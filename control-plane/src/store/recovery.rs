@@ -247,6 +247,10 @@ impl Store {
                             Some(PHASE_START_FAILED) => None,
                             _ => a.exit_code,
                         },
+                        start_error: match a.phase.as_deref() {
+                            Some(PHASE_START_FAILED) => a.start_error.clone(),
+                            _ => None,
+                        },
                     });
                 }
                 views.sort_by_key(|a| a.replica);

@@ -18,7 +18,7 @@ use serde_json::json;
 use spotplane_core::job::JobSpec;
 use spotplane_core::{Cloud, JobId, JobState, MigLayout, NodeId, NodeState};
 
-use super::entity::{allocation, api_token, checkpoint, gpu, job, node, outbox, team};
+use super::entity::{allocation, api_token, checkpoint, gpu, job, node, node_agent, outbox, team};
 use super::jobs::{job_event_in, job_note_in};
 use super::{Store, StoreError, from_json, new_uuid, parse_col};
 use crate::model::Role;
@@ -120,6 +120,19 @@ impl Store {
                 gpus_by_node.entry(g.node_id.clone()).or_default().push(g);
             }
         }
+        // Nodes whose agent registered with a container engine.
+        let mut with_engine: std::collections::HashSet<String> = std::collections::HashSet::new();
+        if !node_ids.is_empty() {
+            let ids: Vec<String> = node_agent::Entity::find()
+                .select_only()
+                .column(node_agent::Column::NodeId)
+                .filter(node_agent::Column::NodeId.is_in(node_ids.clone()))
+                .filter(node_agent::Column::ContainerEngine.is_not_null())
+                .into_tuple()
+                .all(&self.read)
+                .await?;
+            with_engine.extend(ids);
+        }
         let mut snap_nodes = Vec::with_capacity(nodes.len());
         for n in nodes {
             let mut gpus = gpus_by_node.remove(&n.id).unwrap_or_default();
@@ -152,6 +165,7 @@ impl Store {
                 memory_mib: u64::try_from(n.memory_mib).unwrap_or(0),
                 gpu_model: model,
                 gpus: gs,
+                runs_images: with_engine.contains(&n.id),
                 region: n.region,
                 zone: n.zone,
             });
@@ -245,6 +259,7 @@ impl Store {
                     clouds: spec.clouds.clone(),
                     regions: spec.regions.clone(),
                     spot: spec.spot,
+                    image: spec.image.is_some(),
                 });
             } else {
                 let mut placements = Vec::new();
@@ -278,6 +293,7 @@ impl Store {
                         clouds,
                         regions,
                         spot: spec.spot,
+                        image: spec.image.is_some(),
                     });
                 }
                 running.push(RunningJob {
@@ -392,6 +408,7 @@ impl Store {
                     exit_code: Set(None),
                     phase_at: Set(None),
                     started_at: Set(None),
+                    start_error: Set(None),
                 }
                 .insert(&txn)
                 .await?;

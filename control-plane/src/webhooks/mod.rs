@@ -30,6 +30,9 @@ pub enum EventType {
     JobQueued,
     JobAdmitted,
     JobRunning,
+    /// A replica could not start (its image would not pull, its node has no engine); the
+    /// agent's reason is in `reason`. The run counts as a failure and is retried.
+    JobStartFailed,
     JobPreempted,
     JobCheckpointed,
     JobResumed,
@@ -45,10 +48,11 @@ pub enum EventType {
 }
 
 impl EventType {
-    pub const ALL: [EventType; 13] = [
+    pub const ALL: [EventType; 14] = [
         EventType::JobQueued,
         EventType::JobAdmitted,
         EventType::JobRunning,
+        EventType::JobStartFailed,
         EventType::JobPreempted,
         EventType::JobCheckpointed,
         EventType::JobResumed,
@@ -66,6 +70,7 @@ impl EventType {
             EventType::JobQueued => "job.queued",
             EventType::JobAdmitted => "job.admitted",
             EventType::JobRunning => "job.running",
+            EventType::JobStartFailed => "job.start_failed",
             EventType::JobPreempted => "job.preempted",
             EventType::JobCheckpointed => "job.checkpointed",
             EventType::JobResumed => "job.resumed",
@@ -98,6 +103,7 @@ impl EventType {
             }
             // (`job.replicas_lost`: an elastic gang lost some replicas and runs on.)
             "job.draining" | "job.lost" | "job.replicas_lost" => EventType::JobPreempted,
+            "job.start_failed" => EventType::JobStartFailed,
             "job.checkpointed" => EventType::JobCheckpointed,
             "job.succeeded" => EventType::JobSucceeded,
             "job.failed" => EventType::JobFailed,

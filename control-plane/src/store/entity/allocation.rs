@@ -20,6 +20,8 @@ pub struct Model {
     pub exit_code: Option<i32>,
     pub phase_at: Option<DateTimeUtc>,
     pub started_at: Option<DateTimeUtc>,
+    /// Why its `start` failed, as the agent said.
+    pub start_error: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
