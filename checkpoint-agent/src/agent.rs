@@ -434,13 +434,8 @@ pub async fn run(
             Err(Arc::<str>::from(why))
         }
     };
-    let (cp, node_id, hb_interval, poll_interval, signal) = register(
-        &cfg,
-        deps.notices.as_ref(),
-        engine.as_deref().ok(),
-        &cancel,
-    )
-    .await?;
+    let (cp, node_id, hb_interval, poll_interval, signal) =
+        register(&cfg, deps.notices.as_ref(), engine.as_deref().ok(), &cancel).await?;
     if let Ok(e) = &engine {
         container::remove_leftovers(e, node_id).await;
     }

@@ -190,9 +190,7 @@ impl Workload {
             Runner::Host => Self::host_command(l, program, args, &marker),
             Runner::Container(c) => c.attach_command(),
         };
-        cmd.stdin(Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true);
+        cmd.stdin(Stdio::null()).process_group(0).kill_on_drop(true);
         if let Some(log) = &l.log {
             use std::os::unix::fs::OpenOptionsExt;
             if let Some(dir) = log.parent() {
