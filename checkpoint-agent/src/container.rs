@@ -1336,12 +1336,13 @@ mod tests {
         let bare = ["nvidia.com/gpu=0".to_owned()];
         let gpu0 = format!("nvidia.com/gpu={GPU0}");
         let mig10 = format!("nvidia.com/gpu={MIG_1_0}");
-        let cases: Vec<(
-            &str,
-            Vec<&str>,
-            Option<&[String]>,
+        type Case<'a> = (
+            &'a str,
+            Vec<&'a str>,
+            Option<&'a [String]>,
             Result<DeviceSelection, String>,
-        )> = vec![
+        );
+        let cases: Vec<Case> = vec![
             (
                 "whole GPU by its UUID name",
                 vec!["0"],
