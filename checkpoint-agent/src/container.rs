@@ -543,6 +543,23 @@ pub fn normalize_image(image: &str) -> String {
     }
 }
 
+/// Checks that `image` is an image reference (`[registry/]name[:tag][@digest]`) and nothing an
+/// engine could read as a flag: it starts with a letter or digit and holds only the
+/// characters references use.
+pub fn check_reference(image: &str) -> Result<(), String> {
+    let ok = image.len() <= 512
+        && image.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && image
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-/:@".contains(c))
+        && !image.contains("//");
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{image:?} is not an image reference"))
+    }
+}
+
 fn is_registry(component: &str) -> bool {
     component.contains('.') || component.contains(':') || component == "localhost"
 }
@@ -601,13 +618,15 @@ pub async fn ensure_image(
     credential: Option<&RegistryCredential>,
     scratch: &Path,
 ) -> Result<ImageReady, String> {
+    check_reference(image.trim()).map_err(|e| format!("pulling {image}: {e}"))?;
     let image = normalize_image(image);
     let present = engine
         .run(
             ["image", "inspect", "--format", "{{.Id}}", image.as_str()],
             CONTROL_TIMEOUT,
         )
-        .await?
+        .await
+        .map_err(|e| format!("pulling {image}: {e}"))?
         .status
         .success();
     if present && !refreshes(&image) {
@@ -807,6 +826,7 @@ pub fn plan_create(l: &Launch, c: &ContainerLaunch) -> Result<CreatePlan, String
         .command
         .split_first()
         .ok_or_else(|| "the command is empty".to_owned())?;
+    check_reference(&c.image)?;
     let s = &c.engine.settings;
     let mut a: Vec<String> = vec![
         "create".into(),
@@ -853,6 +873,11 @@ pub fn plan_create(l: &Launch, c: &ContainerLaunch) -> Result<CreatePlan, String
     let mut env_file = String::new();
     let mut engine_env = Vec::new();
     for (k, v) in container_env(l, c) {
+        let name_ok = k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !name_ok {
+            return Err(format!("env {k:?}: not a variable name"));
+        }
         if v.contains(['\n', '\r']) || v.len() > ENV_FILE_VALUE_MAX {
             if engine_reads(&k) {
                 return Err(format!(
@@ -872,8 +897,7 @@ pub fn plan_create(l: &Launch, c: &ContainerLaunch) -> Result<CreatePlan, String
     a.push("--env-file".into());
     a.push(c.env_file.display().to_string());
     for (k, _) in &engine_env {
-        a.push("--env".into());
-        a.push(k.clone());
+        a.push(format!("--env={k}"));
     }
     if let Some(lim) = c.limits {
         if lim.cpu_milli > 0 {
@@ -910,9 +934,10 @@ pub fn plan_create(l: &Launch, c: &ContainerLaunch) -> Result<CreatePlan, String
         a.push("--init".into());
     }
     a.extend(s.extra_args.iter().cloned());
-    // The job's command replaces the image's entrypoint, as a Kubernetes `command` does.
-    a.push("--entrypoint".into());
-    a.push(program.clone());
+    // The job's command replaces the image's entrypoint, as a Kubernetes `command` does. In
+    // one argument with its flag, so no value of the job's is read as a flag of the engine's
+    // (and the image reference is checked); what follows the image is the container's.
+    a.push(format!("--entrypoint={program}"));
     a.push(c.image.clone());
     a.extend(args.iter().cloned());
     Ok(CreatePlan {
@@ -1218,6 +1243,45 @@ mod tests {
             assert_eq!(normalize_image(image), whole, "{image}");
             assert_eq!(registry_host(image), host, "{image}");
         }
+    }
+
+    #[test]
+    fn an_image_reference_is_never_read_as_a_flag() {
+        for ok in [
+            "ubuntu",
+            "ghcr.io/acme/train:1",
+            "localhost:5000/a/b_c-d.e:v1.2",
+            "ghcr.io/acme/train@sha256:0123abc",
+        ] {
+            assert_eq!(check_reference(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "--privileged",
+            "-v/:/host",
+            "--privileged.io/x",
+            "a b",
+            "a\nb",
+            "ghcr.io//x",
+            "",
+            "x;y",
+        ] {
+            let e = check_reference(bad).expect_err(bad);
+            assert!(e.contains("is not an image reference"), "{e}");
+        }
+        let mut c = container(EngineSettings::default());
+        c.image = "--privileged.io/x:1".into();
+        assert!(plan_create(&launch(), &c).is_err());
+        // The job's command cannot be a flag of the engine's either.
+        let mut l = launch();
+        l.command = vec!["--privileged".into(), "-v".into()];
+        let p = plan_create(&l, &container(EngineSettings::default())).expect("plan");
+        let at = p
+            .args
+            .iter()
+            .position(|x| x == "ghcr.io/acme/train:1")
+            .expect("image");
+        assert_eq!(p.args[at - 1], "--entrypoint=--privileged");
+        assert_eq!(p.args[at + 1..], ["-v"]);
     }
 
     #[test]
@@ -1541,12 +1605,11 @@ mod tests {
             assert!(!a.iter().any(|x| x == flag), "{flag} in {a:?}");
         }
         // The job's command replaces the entrypoint; its arguments follow the image.
-        let tail: Vec<&str> = a[a.len() - 5..].iter().map(String::as_str).collect();
+        let tail: Vec<&str> = a[a.len() - 4..].iter().map(String::as_str).collect();
         assert_eq!(
             tail,
             [
-                "--entrypoint",
-                "python",
+                "--entrypoint=python",
                 "ghcr.io/acme/train:1",
                 "train.py",
                 "--lr=1e-3"
@@ -1616,7 +1679,7 @@ mod tests {
         let c = container(EngineSettings::default());
         let p = plan_create(&l, &c).expect("plan");
         assert_eq!(p.engine_env, [("TLS_KEY".to_owned(), pem.to_owned())]);
-        assert_eq!(values(&p.args, "--env"), ["TLS_KEY"]);
+        assert!(p.args.contains(&"--env=TLS_KEY".to_owned()), "{:?}", p.args);
         assert!(!p.env_file.contains("TLS_KEY") && !p.env_file.contains("BEGIN"));
         for name in [
             "LD_PRELOAD",
@@ -1632,6 +1695,13 @@ mod tests {
             let e = plan_create(&l, &c).expect_err(name);
             assert!(e.starts_with(&format!("env {name}:")), "{e}");
         }
+        let mut l = launch();
+        l.env.insert("A=B".into(), "x".into());
+        assert!(
+            plan_create(&l, &c)
+                .expect_err("name")
+                .contains("not a variable name")
+        );
         let mut l = launch();
         l.env.insert("NUL".into(), "a\0b".into());
         assert!(plan_create(&l, &c).expect_err("nul").contains("NUL byte"));
