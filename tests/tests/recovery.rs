@@ -16,6 +16,8 @@
 //! - A notice with the workload in a container (agents with podman, the job with an image
 //!   built locally): it checkpoints through the container and resumes elsewhere at the saved
 //!   step, in a container again.
+//! - An image that cannot be pulled: the start fails with the engine's reason, nothing runs on
+//!   the host instead, and the job (allowed no retry) fails.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -355,6 +357,19 @@ impl Cluster {
         );
     }
 
+    /// Every agent's whole log.
+    fn agent_logs_full(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(self.dir.path().join("agents"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            out.push_str(&std::fs::read_to_string(e.path().join("agent.log")).unwrap_or_default());
+        }
+        out
+    }
+
     fn agent_logs(&self) -> String {
         let mut out = String::new();
         for e in std::fs::read_dir(self.dir.path().join("agents"))
@@ -594,6 +609,40 @@ async fn a_notice_resumes_a_container_job_on_the_other_cloud_at_the_saved_step(d
     notice_resumes_on_the_other_cloud(c, job).await;
 }
 
+// Issue 21: a pull that fails is the start's failure, with the engine's reason.
+async fn an_image_that_cannot_be_pulled_fails_the_job_with_the_engines_reason(db: Db) {
+    if !spotplane_tests::podman_or_skip() {
+        return;
+    }
+    let c = setup_full(db, false, true).await;
+    let mut body = job_body(&c, "nopull", 1, 100, 3600, false);
+    body["image"] = json!("localhost:1/nope:1");
+    body["command"] = json!([spotplane_tests::IMAGE_WORKLOAD]);
+    body["max_retries"] = json!(0);
+    body.as_object_mut().expect("object").remove("checkpoint");
+    let job = c.submit_body(body).await;
+    let j = c
+        .until(&format!("job {job} failed"), 150, async || {
+            let j = c.job(&job).await;
+            assert_ne!(j["state"], "succeeded", "{j}");
+            (j["state"] == "failed").then_some(j)
+        })
+        .await;
+    // The node's agent said why (the lead's start-failure event carries the same message).
+    let logs = c.agent_logs_full();
+    assert!(
+        logs.contains("pulling localhost:1/nope:1: ") && logs.contains("connection refused"),
+        "{j}\n{logs}"
+    );
+    // Nothing ran, in a container or on the host.
+    assert!(
+        c.outputs(&job).iter().all(|(_, out)| out.is_empty()),
+        "{:?}",
+        c.outputs(&job)
+    );
+    c.stop().await;
+}
+
 /// A running job's node gets a notice while a spot crunch on its cloud sends the
 /// replacement to the other: it checkpoints, resumes there from the saved step and succeeds.
 async fn notice_resumes_on_the_other_cloud(c: Cluster, job: String) {
@@ -830,6 +879,7 @@ macro_rules! on_both_databases {
 on_both_databases!(
     a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint,
     a_notice_resumes_a_container_job_on_the_other_cloud_at_the_saved_step,
+    an_image_that_cannot_be_pulled_fails_the_job_with_the_engines_reason,
     a_job_without_a_checkpoint_uri_runs_under_the_relative_default_store,
     a_node_lost_without_notice_resumes_from_the_periodic_checkpoint,
     the_control_plane_killed_during_a_drain_still_finishes_the_job,
