@@ -1804,6 +1804,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn docker_counts_only_with_a_daemon_that_answers() {
+        let docker = EngineSettings {
+            runtime: RuntimeChoice::Docker,
+            ..EngineSettings::default()
+        };
+        // Here the docker CLI is installed without a daemon (elsewhere it may be missing, or
+        // have one): never an engine that cannot run anything.
+        match detect(&docker).await {
+            Ok(e) => {
+                assert_eq!(e.kind, EngineKind::Docker);
+                assert!(!e.version.is_empty());
+            }
+            Err(why) => {
+                assert!(why.starts_with("docker: "), "{why}");
+                assert!(
+                    why.contains("daemon") || why.contains("not installed"),
+                    "{why}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
     async fn no_engine_is_a_reason_not_a_fallback() {
         let none = EngineSettings {
             runtime: RuntimeChoice::None,
