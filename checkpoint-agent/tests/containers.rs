@@ -295,6 +295,71 @@ async fn a_container_ignoring_sigterm_is_killed_after_the_grace_and_exit_codes_p
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_init_a_workload_without_a_sigterm_handler_ends_on_sigterm() {
+    let Some(image) = image() else { return };
+    // podman's `--init` is catatonit (scripts/test installs it with podman).
+    if !Path::new("/usr/libexec/podman/catatonit").exists() {
+        assert!(
+            std::env::var_os("SPOTPLANE_TEST_REQUIRE_EMULATORS").is_none(),
+            "catatonit is missing and SPOTPLANE_TEST_REQUIRE_EMULATORS is set: apt-get install catatonit"
+        );
+        eprintln!("skipped: catatonit is not installed");
+        return;
+    }
+    let tmp = stubs::node_dir();
+    let store = format!("file://{}/bucket/jobs/i", tmp.path().display());
+    let cp = ControlPlaneStub::start().await;
+    let imds = ImdsStub::start().await;
+    let a = start_agent(
+        &cp,
+        &imds.url,
+        &tmp.path().join("a"),
+        new_node(),
+        EngineSettings {
+            init: true,
+            ..podman_settings(RuntimeChoice::Podman)
+        },
+    )
+    .await;
+    let job = JobId(uuid::Uuid::now_v7());
+    let s = cp.queue(
+        a.node,
+        start(
+            job,
+            &image,
+            &[
+                "/bin/sh",
+                "-c",
+                "echo ready; while true; do sleep 0.1; done",
+            ],
+            &store,
+        ),
+    );
+    assert!(result_of(&cp, s).await.ok);
+    eventually("it runs", || {
+        output(&a, job).contains("ready").then_some(())
+    })
+    .await;
+    let begun = std::time::Instant::now();
+    let stop = cp.queue(
+        a.node,
+        json!({"type": "stop", "job_id": job, "replica": 0, "grace_ms": 20_000}),
+    );
+    let r = result_of(&cp, stop).await;
+    // Not PID 1 any more: SIGTERM's default action ends it (128 + 15), well before the grace.
+    assert_eq!(
+        r.message.as_deref(),
+        Some("stopped: exit code 143"),
+        "{r:?}"
+    );
+    assert!(
+        begun.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        begun.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_pull_or_a_missing_image_fails_the_start_with_the_engines_reason() {
     let Some(_image) = image() else { return };
     let tmp = stubs::node_dir();
