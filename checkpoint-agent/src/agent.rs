@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use spotplane_core::agent::{
     AppliedMigLayout, CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger,
     Command, CommandKind, CommandResult, Heartbeat, PROTOCOL_VERSION, RegisterRequest,
-    ReplicaPhase, ReplicaStatus, TerminationNotice, bootstrap_token_node,
+    ReplicaLimits, ReplicaPhase, ReplicaStatus, TerminationNotice, bootstrap_token_node,
 };
 use spotplane_core::{CheckpointId, CommandId, JobId, MigLayout, NodeId};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{CheckpointError, CheckpointMeta, CheckpointStore, UploadConfig};
 use crate::client::{ClientError, ControlPlane};
+use crate::container::{self, ContainerLaunch, Engine, EngineSettings};
 use crate::isolation::{self, Isolation, IsolationError, RunAs, UidPool};
 use crate::mig::{self, MigControl};
 use crate::notice::{self, NoticeSource, NoticeView};
@@ -58,6 +59,8 @@ pub struct AgentConfig {
     /// The range the jobs' users are taken from (with [`Isolation::User`]).
     pub workload_uid_base: u32,
     pub workload_uid_count: u32,
+    /// The container engine that runs the replicas of jobs with an image.
+    pub containers: EngineSettings,
     /// Overrides of what the control plane says (tests).
     pub heartbeat_interval: Option<Duration>,
     pub notice_poll_interval: Option<Duration>,
@@ -77,6 +80,7 @@ impl AgentConfig {
             isolation: Isolation::User,
             workload_uid_base: isolation::DEFAULT_UID_BASE,
             workload_uid_count: isolation::DEFAULT_UID_COUNT,
+            containers: EngineSettings::default(),
             heartbeat_interval: None,
             notice_poll_interval: None,
         }
@@ -173,6 +177,8 @@ struct Ctx {
     events: mpsc::UnboundedSender<Event>,
     /// The jobs' users; `None` under [`Isolation::None`].
     users: Option<Arc<std::sync::Mutex<UidPool>>>,
+    /// The container engine, or why the node has none.
+    engine: Result<Arc<Engine>, Arc<str>>,
 }
 
 /// The agent as the owner of what it takes back from workloads (it is root when it isolates).
@@ -248,7 +254,11 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
 }
 
 /// What this node has, for registration.
-fn register_request(node_id: NodeId, instance_id: Option<String>) -> RegisterRequest {
+fn register_request(
+    node_id: NodeId,
+    instance_id: Option<String>,
+    engine: Option<&Engine>,
+) -> RegisterRequest {
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()
@@ -272,7 +282,7 @@ fn register_request(node_id: NodeId, instance_id: Option<String>) -> RegisterReq
         cpu_milli: u32::try_from(cpus * 1000).unwrap_or(u32::MAX),
         memory_mib,
         gpus: crate::inventory::gpus(),
-        container_engine: None,
+        container_engine: engine.map(Engine::info),
         address: None,
     }
 }
@@ -299,6 +309,7 @@ fn write_private(path: &Path, data: &[u8]) -> Result<(), AgentError> {
 async fn register(
     cfg: &AgentConfig,
     notices: &dyn NoticeSource,
+    engine: Option<&Engine>,
     cancel: &CancellationToken,
 ) -> Result<(Arc<ControlPlane>, NodeId, Duration, Duration, Signal), AgentError> {
     let bootstrap = std::fs::read_to_string(&cfg.bootstrap_token_file)
@@ -317,7 +328,7 @@ async fn register(
         (None, None) => return Err(AgentError::BadToken(cfg.bootstrap_token_file.clone())),
     };
     let instance_id = notices.instance_id().await;
-    let req = register_request(node_id, instance_id);
+    let req = register_request(node_id, instance_id, engine);
     let mut candidates: VecDeque<(String, bool)> = VecDeque::new();
     if let Some(s) = &saved {
         candidates.push_back((s.credential.clone(), false));
@@ -413,8 +424,21 @@ pub async fn run(
             None
         }
     };
+    let engine = match container::detect(&cfg.containers).await {
+        Ok(e) => {
+            tracing::info!(engine = e.kind.as_str(), version = %e.version, cdi = e.cdi, "container engine found");
+            Ok(Arc::new(e))
+        }
+        Err(why) => {
+            tracing::warn!(%why, "no container engine: jobs with an image cannot run on this node");
+            Err(Arc::<str>::from(why))
+        }
+    };
     let (cp, node_id, hb_interval, poll_interval, signal) =
-        register(&cfg, deps.notices.as_ref(), &cancel).await?;
+        register(&cfg, deps.notices.as_ref(), engine.as_deref().ok(), &cancel).await?;
+    if let Ok(e) = &engine {
+        container::remove_leftovers(e, node_id).await;
+    }
 
     let (notice_tx, notice_rx) = watch::channel(NoticeView::default());
     let watcher_cancel = cancel.child_token();
@@ -436,6 +460,7 @@ pub async fn run(
         clock: deps.clock.clone(),
         events: events_tx,
         users,
+        engine,
     };
     let done = load_done(&ctx.cfg.work_dir);
     let mut rt = Runtime {
@@ -713,6 +738,8 @@ impl Runtime {
                 devices,
                 checkpoint_uri,
                 resume_from,
+                limits,
+                rendezvous,
                 ..
             } => {
                 if let Some(r) = self.replicas.get(&(job_id, replica))
@@ -729,9 +756,6 @@ impl Runtime {
                     .get(&(job_id, replica))
                     .filter(|r| r.attempt != attempt && r.phase != ReplicaPhase::Exited)
                     .map(|r| r.tx.clone());
-                if image.is_some() {
-                    tracing::warn!(job = %job_id, "container images are not supported yet; running the command on the host");
-                }
                 let spec = StartSpec {
                     job_id,
                     replica,
@@ -741,6 +765,9 @@ impl Runtime {
                     devices,
                     checkpoint_uri,
                     resume_from,
+                    image,
+                    limits,
+                    gang: rendezvous.is_some_and(|r| r.world_size > 1),
                 };
                 tokio::spawn(async move {
                     if let Some(tx) = older {
@@ -920,6 +947,11 @@ struct StartSpec {
     devices: Vec<String>,
     checkpoint_uri: String,
     resume_from: Option<String>,
+    /// The job's image: the replica runs in a container of it.
+    image: Option<String>,
+    limits: Option<ReplicaLimits>,
+    /// A replica of a gang of more than one (host networking in a container).
+    gang: bool,
 }
 
 /// Restores the replica's checkpoint (the one named, else the latest durable one), starts
@@ -941,6 +973,20 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         .join(format!("attempt-{}", s.attempt));
     // The agent's folders down to the attempt: searchable, never writable by the workload.
     isolation::create_dirs(&base, 0o711).map_err(|e| e.to_string())?;
+    // An image runs in a container or not at all: never on the host instead.
+    let engine = match (&s.image, &ctx.engine) {
+        (None, _) => None,
+        (Some(image), Err(why)) => {
+            return Err(format!(
+                "the job's image {image} cannot run: this node has no container engine ({why})"
+            ));
+        }
+        (Some(image), Ok(engine)) => {
+            // The secrets branch passes the job's registry login (`AgentSecrets::registry`).
+            container::ensure_image(engine, image, None, &ctx.cfg.work_dir).await?;
+            Some(engine.clone())
+        }
+    };
     let store = CheckpointStore::open(&s.checkpoint_uri, &ctx.cfg.store_options)
         .map_err(|e| e.to_string())?;
     let resume = base.join("resume");
@@ -967,7 +1013,7 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
     }
-    let launch = Launch {
+    let mut launch = Launch {
         job_id: s.job_id,
         replica: s.replica,
         attempt: s.attempt,
@@ -982,9 +1028,29 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         signal: ctx.signal,
         log: Some(base.join("output.log")),
         run_as,
+        container: None,
     };
+    if let (Some(engine), Some(image)) = (engine, &s.image) {
+        let devices = container::devices_for(&engine, &launch.devices).await?;
+        let c = ContainerLaunch {
+            engine,
+            image: container::normalize_image(image),
+            name: container::container_name(s.job_id, s.replica, s.attempt),
+            node_id: ctx.node_id,
+            devices,
+            limits: s.limits,
+            host_network: s.gang,
+            env_file: base.join("container.env"),
+        };
+        container::create(&launch, &c).await?;
+        launch.container = Some(c);
+    }
     let workload = Workload::start(&launch).map_err(|e| e.to_string())?;
     let pid = workload.pid();
+    let what = match workload.container() {
+        Some(name) => format!("container {name}"),
+        None => format!("pid {pid}"),
+    };
     let key = (s.job_id, s.replica);
     let (tx, rx) = mpsc::channel(16);
     let actor = Actor {
@@ -1009,13 +1075,13 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
             exit_reported: 0,
         },
     });
-    tracing::info!(job = %s.job_id, replica = s.replica, attempt = s.attempt, pid, resumed = restored.is_some(), "replica started");
+    tracing::info!(job = %s.job_id, replica = s.replica, attempt = s.attempt, pid, container = launch.container.as_ref().map(|c| c.name.as_str()), resumed = restored.is_some(), "replica started");
     Ok(match restored {
         Some(m) => format!(
-            "started pid {pid}, resumed from checkpoint {}",
+            "started {what}, resumed from checkpoint {}",
             m.checkpoint_id
         ),
-        None => format!("started pid {pid}"),
+        None => format!("started {what}"),
     })
 }
 

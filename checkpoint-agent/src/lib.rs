@@ -9,6 +9,7 @@
 //! - [`agent`]: the main loop (registration, heartbeats, commands, notices);
 //! - [`notice`]: the clouds' metadata services, behind [`notice::NoticeSource`];
 //! - [`workload`]: one replica's process and the workload contract;
+//! - [`container`]: replicas of jobs with an image, through podman or docker;
 //! - [`isolation`]: the workloads' users and what they can reach;
 //! - [`checkpoint`]: upload, find and restore checkpoints with object_store;
 //! - [`telemetry`]: NVML readings named after DCGM fields; [`mig`]: MIG re-layouts;
@@ -19,6 +20,7 @@ pub mod agent;
 pub mod bench;
 pub mod checkpoint;
 pub mod client;
+pub mod container;
 pub mod inventory;
 pub mod isolation;
 pub mod mig;

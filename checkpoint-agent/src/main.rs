@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use spotplane_agent::agent::{AgentConfig, Deps};
 use spotplane_agent::checkpoint::UploadConfig;
+use spotplane_agent::container::{EngineSettings, RuntimeChoice};
 use spotplane_agent::isolation::Isolation;
 use spotplane_agent::notice::{CloudKind, ReqwestMetadata, source_for};
 use spotplane_agent::telemetry::NvmlTelemetry;
@@ -98,9 +99,60 @@ struct RunArgs {
     /// How many uids the range holds (at most this many jobs at once on the node).
     #[arg(long, default_value_t = spotplane_agent::isolation::DEFAULT_UID_COUNT)]
     workload_uid_count: u32,
+    #[command(flatten)]
+    containers: ContainerArgs,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
+}
+
+/// How replicas of jobs with an image run (docs/agent.md, containers).
+#[derive(Debug, Args)]
+struct ContainerArgs {
+    /// The engine that runs images: `auto` (podman if it answers, else docker), `podman`,
+    /// `docker`, or `none` (no images on this node). Without one the node registers so, and
+    /// a job with an image never runs here (not on the host instead either).
+    #[arg(long, value_enum, default_value_t = RuntimeChoice::Auto, env = "SPOTPLANE_CONTAINER_RUNTIME")]
+    container_runtime: RuntimeChoice,
+    /// The OCI runtime of every container, a name or a path (e.g. `runc`, `crun`, `nvidia`);
+    /// the engine's default when unset.
+    #[arg(long, env = "SPOTPLANE_OCI_RUNTIME")]
+    oci_runtime: Option<String>,
+    /// A ulimit of every container, `name=soft[:hard]` (repeatable), e.g. `nofile=1024:1024`.
+    #[arg(long = "container-ulimit", value_parser = spotplane_agent::container::parse_ulimit)]
+    container_ulimits: Vec<String>,
+    /// A flag added to every container's `create`, as it is (repeatable), e.g.
+    /// `--container-arg=--security-opt=label=disable`.
+    #[arg(long = "container-arg", allow_hyphen_values = true)]
+    container_args: Vec<String>,
+    /// A directory of CDI specs (repeatable); default `/etc/cdi` and `/var/run/cdi`.
+    #[arg(long = "cdi-spec-dir")]
+    cdi_spec_dirs: Vec<PathBuf>,
+    /// Run a tiny init as each container's PID 1 (`--init`: podman needs catatonit).
+    #[arg(long)]
+    container_init: bool,
+    /// How long pulling an image may take.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pull_timeout: Duration,
+}
+
+impl ContainerArgs {
+    fn settings(self) -> EngineSettings {
+        let defaults = EngineSettings::default();
+        EngineSettings {
+            runtime: self.container_runtime,
+            oci_runtime: self.oci_runtime,
+            ulimits: self.container_ulimits,
+            extra_args: self.container_args,
+            cdi_spec_dirs: if self.cdi_spec_dirs.is_empty() {
+                defaults.cdi_spec_dirs
+            } else {
+                self.cdi_spec_dirs
+            },
+            init: self.container_init,
+            pull_timeout: self.pull_timeout,
+        }
+    }
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -152,6 +204,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     cfg.isolation = args.workload_isolation;
     cfg.workload_uid_base = args.workload_uid_base;
     cfg.workload_uid_count = args.workload_uid_count;
+    cfg.containers = args.containers.settings();
     let deps = Deps {
         notices,
         telemetry: Box::new(NvmlTelemetry::new()),

@@ -24,6 +24,11 @@
 //! the upload is over), it must not change the directory: the agent is reading it. The marker
 //! is never uploaded. Stopping is `SIGTERM` to the workload's process group, then `SIGKILL`
 //! after the grace period.
+//!
+//! A replica of a job with an image runs in a container ([`Launch::container`],
+//! [`crate::container`]): the same contract with the folders bind-mounted at fixed paths
+//! inside, the child process being the engine's attached `start`, and the signals going
+//! through the engine (`<engine> kill --signal …`).
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -37,6 +42,7 @@ use nix::unistd::Pid;
 use spotplane_core::{JobId, NodeId};
 use tokio::process::{Child, Command};
 
+use crate::container::{ContainerLaunch, ContainerRun};
 use crate::isolation::{self, IsolationError, RunAs};
 
 /// The marker's file name inside the checkpoint directory.
@@ -45,6 +51,8 @@ pub const MARKER: &str = ".spotplane-checkpoint-complete";
 pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How often the agent looks for the marker.
 const MARKER_POLL: Duration = Duration::from_millis(20);
+/// How long a container killed with SIGKILL may take to be reported gone.
+const CONTAINER_KILL_WAIT: Duration = Duration::from_secs(20);
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -67,6 +75,9 @@ pub struct Launch {
     pub log: Option<PathBuf>,
     /// The user it runs as; the agent's own when `None`.
     pub run_as: Option<RunAs>,
+    /// Run in a container of the job's image, created beforehand by
+    /// [`crate::container::create`]; on the host when `None`.
+    pub container: Option<ContainerLaunch>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +100,8 @@ pub enum WorkloadError {
     },
     #[error("cannot signal the workload: {0}")]
     Signal(nix::Error),
+    #[error("cannot signal the workload's container: {0}")]
+    ContainerSignal(String),
     #[error("the workload exited ({0}) before its checkpoint was complete")]
     ExitedDuringCheckpoint(ExitInfo),
     #[error("no checkpoint marker after {0:?}")]
@@ -139,6 +152,15 @@ pub fn parse_signal(s: &str) -> Result<Signal, String> {
     Signal::from_str(&name).map_err(|_| format!("unknown signal {s:?}"))
 }
 
+/// How the workload's process is reached.
+#[derive(Debug)]
+enum Runner {
+    /// The child is the workload, leading a process group of its own.
+    Host,
+    /// The child is the engine's attached `start` of the workload's container.
+    Container(ContainerRun),
+}
+
 /// A running replica.
 #[derive(Debug)]
 pub struct Workload {
@@ -148,6 +170,7 @@ pub struct Workload {
     signal: Signal,
     run_as: Option<RunAs>,
     exit: Option<ExitInfo>,
+    runner: Runner,
 }
 
 impl Workload {
@@ -155,49 +178,19 @@ impl Workload {
     /// environment only.
     pub fn start(l: &Launch) -> Result<Workload, WorkloadError> {
         let (program, args) = l.command.split_first().ok_or(WorkloadError::EmptyCommand)?;
-        for dir in std::iter::once(&l.checkpoint_dir)
-            .chain(&l.home_dir)
-            .chain(&l.tmp_dir)
-        {
-            isolation::private_dir(dir, l.run_as)?;
-        }
+        // A container not started after all is removed when this is dropped.
+        let runner = match &l.container {
+            None => Runner::Host,
+            Some(c) => Runner::Container(ContainerRun::new(c)),
+        };
+        prepare_folders(l)?;
         let marker = l.checkpoint_dir.join(MARKER);
         remove_if_present(&marker)?;
-        let mut cmd = Command::new(program);
-        cmd.env_clear().env("PATH", SAFE_PATH);
-        if let Some(h) = &l.home_dir {
-            cmd.env("HOME", h);
-        }
-        if let Some(t) = &l.tmp_dir {
-            cmd.env("TMPDIR", t);
-        }
-        cmd.args(args)
-            .envs(&l.env)
-            .env("SPOTPLANE_CHECKPOINT_DIR", &l.checkpoint_dir)
-            .env("SPOTPLANE_CHECKPOINT_MARKER", &marker)
-            .env("SPOTPLANE_CHECKPOINT_SIGNAL", l.signal.as_str())
-            .env("SPOTPLANE_JOB_ID", l.job_id.to_string())
-            .env("SPOTPLANE_REPLICA", l.replica.to_string())
-            .env("SPOTPLANE_ATTEMPT", l.attempt.to_string())
-            .env_remove("SPOTPLANE_RESUME_DIR")
-            .env_remove("SPOTPLANE_NODE_ID")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .stdin(Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true);
-        // std drops the supplementary groups (setgroups(0)) when a root parent sets a uid.
-        if let Some(r) = l.run_as {
-            cmd.uid(r.uid).gid(r.gid);
-        }
-        if let Some(n) = l.node_id {
-            cmd.env("SPOTPLANE_NODE_ID", n.to_string());
-        }
-        if let Some(r) = &l.resume_dir {
-            cmd.env("SPOTPLANE_RESUME_DIR", r);
-        }
-        if !l.devices.is_empty() {
-            cmd.env("CUDA_VISIBLE_DEVICES", l.devices.join(","));
-        }
+        let mut cmd = match &runner {
+            Runner::Host => Self::host_command(l, program, args, &marker),
+            Runner::Container(c) => c.attach_command(),
+        };
+        cmd.stdin(Stdio::null()).process_group(0).kill_on_drop(true);
         if let Some(log) = &l.log {
             use std::os::unix::fs::OpenOptionsExt;
             if let Some(dir) = log.parent() {
@@ -218,9 +211,13 @@ impl Workload {
             })?;
             cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err));
         }
+        let program = match &runner {
+            Runner::Host => program.clone(),
+            Runner::Container(c) => format!("the container engine for {}", c.name()),
+        };
         let child = cmd.spawn().map_err(|source| WorkloadError::Spawn {
-            program: match (l.run_as, source.kind()) {
-                (Some(r), std::io::ErrorKind::PermissionDenied) => format!(
+            program: match (l.run_as, source.kind(), &runner) {
+                (Some(r), std::io::ErrorKind::PermissionDenied, Runner::Host) => format!(
                     "{program} (as uid {}: the program and the folders above it must be readable and searchable by others)",
                     r.uid
                 ),
@@ -243,7 +240,85 @@ impl Workload {
             signal: l.signal,
             run_as: l.run_as,
             exit: None,
+            runner,
         })
+    }
+
+    /// The workload itself as the child: the contract's environment only, as its user.
+    fn host_command(l: &Launch, program: &str, args: &[String], marker: &Path) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env_clear().env("PATH", SAFE_PATH);
+        if let Some(h) = &l.home_dir {
+            cmd.env("HOME", h);
+        }
+        if let Some(t) = &l.tmp_dir {
+            cmd.env("TMPDIR", t);
+        }
+        cmd.args(args)
+            .envs(&l.env)
+            .env("SPOTPLANE_CHECKPOINT_DIR", &l.checkpoint_dir)
+            .env("SPOTPLANE_CHECKPOINT_MARKER", marker)
+            .env("SPOTPLANE_CHECKPOINT_SIGNAL", l.signal.as_str())
+            .env("SPOTPLANE_JOB_ID", l.job_id.to_string())
+            .env("SPOTPLANE_REPLICA", l.replica.to_string())
+            .env("SPOTPLANE_ATTEMPT", l.attempt.to_string())
+            .env_remove("SPOTPLANE_RESUME_DIR")
+            .env_remove("SPOTPLANE_NODE_ID")
+            .env_remove("CUDA_VISIBLE_DEVICES");
+        // std drops the supplementary groups (setgroups(0)) when a root parent sets a uid.
+        if let Some(r) = l.run_as {
+            cmd.uid(r.uid).gid(r.gid);
+        }
+        if let Some(n) = l.node_id {
+            cmd.env("SPOTPLANE_NODE_ID", n.to_string());
+        }
+        if let Some(r) = &l.resume_dir {
+            cmd.env("SPOTPLANE_RESUME_DIR", r);
+        }
+        if !l.devices.is_empty() {
+            cmd.env("CUDA_VISIBLE_DEVICES", l.devices.join(","));
+        }
+        cmd
+    }
+
+    /// The container's name, for a container replica.
+    pub fn container(&self) -> Option<&str> {
+        match &self.runner {
+            Runner::Host => None,
+            Runner::Container(c) => Some(c.name()),
+        }
+    }
+
+    /// Sends `signal` to the workload: its process for a host replica, its container's PID 1
+    /// through the engine for a container replica.
+    async fn send(&self, signal: Signal) -> Result<(), WorkloadError> {
+        match &self.runner {
+            Runner::Host => kill(self.pid, signal).map_err(WorkloadError::Signal),
+            Runner::Container(c) => c
+                .signal(signal)
+                .await
+                .map_err(WorkloadError::ContainerSignal),
+        }
+    }
+
+    /// Sends `signal` to the whole workload: its process group on the host.
+    async fn send_all(&self, signal: Signal) {
+        let sent = match &self.runner {
+            Runner::Host => killpg(self.pid, signal).map_err(|e| e.to_string()),
+            Runner::Container(c) => c.signal(signal).await,
+        };
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, %signal, "signalling the workload failed");
+        }
+    }
+
+    /// Records the exit, and lets go of the container once there is one.
+    fn exited(&mut self, info: ExitInfo) -> ExitInfo {
+        if let Runner::Container(c) = &mut self.runner {
+            c.remove();
+        }
+        self.exit = Some(info);
+        info
     }
 
     pub fn pid(&self) -> i32 {
@@ -264,7 +339,7 @@ impl Workload {
         if self.exit.is_none()
             && let Ok(Some(status)) = self.child.try_wait()
         {
-            self.exit = Some(status.into());
+            self.exited(status.into());
         }
         self.exit
     }
@@ -284,8 +359,7 @@ impl Workload {
                 }
             }
         };
-        self.exit = Some(info);
-        info
+        self.exited(info)
     }
 
     /// Asks for a checkpoint and waits until the workload says it is complete (the marker
@@ -296,7 +370,7 @@ impl Workload {
         if let Some(e) = self.try_exit() {
             return Err(WorkloadError::ExitedDuringCheckpoint(e));
         }
-        kill(self.pid, self.signal).map_err(WorkloadError::Signal)?;
+        self.send(self.signal).await?;
         let waited = async {
             loop {
                 if tokio::fs::try_exists(&marker).await.unwrap_or(false) {
@@ -327,22 +401,54 @@ impl Workload {
         if let Some(e) = self.try_exit() {
             return e;
         }
-        if let Err(e) = killpg(self.pid, Signal::SIGTERM) {
-            tracing::debug!(error = %e, "SIGTERM to the workload's group failed");
-        }
+        self.send_all(Signal::SIGTERM).await;
         if let Ok(info) = tokio::time::timeout(grace, self.wait()).await {
             return info;
         }
         tracing::warn!(
             pid = self.pid.as_raw(),
+            container = self.container(),
             ?grace,
             "workload ignored SIGTERM; killing it"
         );
-        if let Err(e) = killpg(self.pid, Signal::SIGKILL) {
-            tracing::debug!(error = %e, "SIGKILL to the workload's group failed");
+        self.send_all(Signal::SIGKILL).await;
+        if matches!(self.runner, Runner::Host) {
+            return self.wait().await;
         }
-        self.wait().await
+        // The engine reports a container killed so as exit code 137, as a shell would.
+        let info = match tokio::time::timeout(CONTAINER_KILL_WAIT, self.wait()).await {
+            Ok(info) => info,
+            Err(_) => {
+                // The container is gone but its attached CLI hangs on: let go of both.
+                if let Runner::Container(c) = &mut self.runner {
+                    c.remove();
+                }
+                let _ = self.child.start_kill();
+                self.wait().await
+            }
+        };
+        if info.code == 128 + Signal::SIGKILL as i32 {
+            let info = ExitInfo {
+                code: info.code,
+                signal: Some(Signal::SIGKILL as i32),
+            };
+            self.exit = Some(info);
+            return info;
+        }
+        info
     }
+}
+
+/// Creates the replica's checkpoint, home and temporary folders, private to its user (a
+/// container's bind mounts need them before it is created).
+pub fn prepare_folders(l: &Launch) -> Result<(), WorkloadError> {
+    for dir in std::iter::once(&l.checkpoint_dir)
+        .chain(&l.home_dir)
+        .chain(&l.tmp_dir)
+    {
+        isolation::private_dir(dir, l.run_as)?;
+    }
+    Ok(())
 }
 
 fn remove_if_present(p: &Path) -> Result<(), WorkloadError> {
@@ -376,6 +482,7 @@ mod tests {
             signal: Signal::SIGUSR1,
             log: Some(dir.join("log.txt")),
             run_as: None,
+            container: None,
         }
     }
 

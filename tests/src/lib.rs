@@ -175,3 +175,225 @@ pub fn reachable_workload(dir: &Path, example: &Path) -> PathBuf {
     }
     to
 }
+
+/// The image the container tests run: the example workload (at [`IMAGE_WORKLOAD`]), with
+/// `/bin/sh` and `/bin/sleep` for scripted workloads, built locally by [`test_image`].
+pub const TEST_IMAGE: &str = "localhost/spotplane-example-train:test";
+/// Where the example workload is in [`TEST_IMAGE`].
+pub const IMAGE_WORKLOAD: &str = "/usr/local/bin/spotplane-example-train";
+/// The ulimits containers get in the tests: in this sandbox the OCI runtime cannot raise a
+/// limit, and podman's defaults would (crun fails on `setrlimit RLIMIT_NPROC`).
+pub const CONTAINER_ULIMITS: [&str; 2] = ["nofile=1024:1024", "nproc=1024:1024"];
+/// The OCI runtime of the tests' containers (runc accepts the lowered ulimits; crun does not).
+pub const OCI_RUNTIME: &str = "runc";
+
+/// Whether podman answers. Without it a test that needs it says so and passes, unless
+/// `SPOTPLANE_TEST_REQUIRE_EMULATORS` is set (scripts/test installs podman): then it fails.
+pub fn podman_or_skip() -> bool {
+    let ok = Command::new("podman")
+        .args(["version", "--format", "{{.Client.Version}}"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("SPOTPLANE_TEST_REQUIRE_EMULATORS").is_none(),
+            "podman does not answer and SPOTPLANE_TEST_REQUIRE_EMULATORS is set: install it (scripts/test does)"
+        );
+        eprintln!("skipped: podman is not installed");
+    }
+    ok
+}
+
+/// The container flags of an agent a test starts: podman, with [`OCI_RUNTIME`] and
+/// [`CONTAINER_ULIMITS`].
+pub fn container_engine_args() -> Vec<String> {
+    let mut a = vec![
+        "--container-runtime".into(),
+        "podman".into(),
+        "--oci-runtime".into(),
+        OCI_RUNTIME.into(),
+    ];
+    for u in CONTAINER_ULIMITS {
+        a.push("--container-ulimit".into());
+        a.push(u.into());
+    }
+    a
+}
+
+/// The files a program needs to run in an empty root: itself and the shared libraries
+/// `ldd` names.
+fn with_libraries(program: &Path) -> Vec<PathBuf> {
+    let out = Command::new("ldd").arg(program).output().expect("ldd runs");
+    let mut files = vec![program.to_owned()];
+    // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)`, `/lib64/ld-linux-x86-64.so.2 (0x…)`;
+    // a static program: "not a dynamic executable".
+    for token in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        if token.starts_with('/') {
+            files.push(PathBuf::from(token));
+        }
+    }
+    files
+}
+
+/// Held while one test process builds [`TEST_IMAGE`]: a folder, made atomically, removed when
+/// dropped (or by another process once it is older than a build can take).
+struct BuildLock(PathBuf);
+
+impl BuildLock {
+    fn take() -> BuildLock {
+        let path = std::env::temp_dir().join("spotplane-test-image.lock");
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            match std::fs::create_dir(&path) {
+                Ok(()) => return BuildLock(path),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let stale = std::fs::metadata(&path)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > Duration::from_secs(120));
+                    if stale {
+                        let _ = std::fs::remove_dir(&path);
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "{} held for 5 minutes",
+                        path.display()
+                    );
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("cannot make {}: {e}", path.display()),
+            }
+        }
+    }
+}
+
+impl Drop for BuildLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Builds [`TEST_IMAGE`] with `podman import` of a root holding `example` (at
+/// [`IMAGE_WORKLOAD`]), `/bin/sh`, `/bin/sleep` and their libraries: no registry needed.
+/// Built again only when `example` changed (its size and time, kept in a label), by one test
+/// process at a time.
+pub fn test_image(example: &Path) -> String {
+    let meta = std::fs::metadata(example).expect("the example workload is built");
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let source = format!("{}-{modified}", meta.len());
+    let _lock = BuildLock::take();
+    // (id, source) of the image under the tag now.
+    let current = Command::new("podman")
+        .args([
+            "image",
+            "inspect",
+            "--format",
+            "{{.Id}} {{index .Labels \"spotplane.test.source\"}}",
+            TEST_IMAGE,
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    let previous = match current.as_deref().and_then(|c| c.split_once(' ')) {
+        Some((_, s)) if s == source => return TEST_IMAGE.to_owned(),
+        Some((id, _)) => Some(id.to_owned()),
+        None => None,
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("root");
+    let place = |from: &Path, to: &Path| {
+        let at = root.join(to.strip_prefix("/").expect("absolute"));
+        std::fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(from, &at).unwrap_or_else(|e| panic!("copying {}: {e}", from.display()));
+    };
+    for (program, inside) in [
+        (example.to_owned(), PathBuf::from(IMAGE_WORKLOAD)),
+        (PathBuf::from("/bin/sh"), PathBuf::from("/bin/sh")),
+        (PathBuf::from("/bin/sleep"), PathBuf::from("/bin/sleep")),
+    ] {
+        let files = with_libraries(&program);
+        place(&program, &inside);
+        for lib in &files[1..] {
+            place(lib, lib);
+        }
+    }
+    let tar = tmp.path().join("root.tar");
+    let status = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .expect("tar runs");
+    assert!(status.success(), "tar of the image root failed");
+    let out = Command::new("podman")
+        .args(["import", "--change"])
+        .arg(format!("LABEL spotplane.test.source={source}"))
+        .arg(&tar)
+        .arg(TEST_IMAGE)
+        .output()
+        .expect("podman import runs");
+    assert!(
+        out.status.success(),
+        "podman import: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The image of an older build, untagged now (kept while a container still uses it).
+    if let Some(id) = previous {
+        let _ = Command::new("podman")
+            .args(["rmi", &id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    TEST_IMAGE.to_owned()
+}
+
+/// Removes every container an agent of `node` made (the tests' agents die without cleaning
+/// up, as a lost machine's would; the next agent of a node would remove them).
+pub fn remove_node_containers(node: &str) {
+    let Ok(out) = Command::new("podman")
+        .args([
+            "ps",
+            "--all",
+            "--filter",
+            &format!("label=spotplane.node={node}"),
+            "--format",
+            "{{.Names}}",
+        ])
+        .output()
+    else {
+        return;
+    };
+    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if !names.is_empty() {
+        let _ = Command::new("podman")
+            .args(["rm", "--force"])
+            .args(&names)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Whether a container of this name exists.
+pub fn container_exists(name: &str) -> bool {
+    Command::new("podman")
+        .args(["container", "exists", name])
+        .status()
+        .is_ok_and(|s| s.success())
+}

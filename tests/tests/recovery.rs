@@ -13,6 +13,11 @@
 //!   its checkpoint of the same round, and every replica finishes at the right step.
 //! - The same gang, elastic: only the lost replica runs again (from its own checkpoint, a new
 //!   attempt); the three survivors run on to the end without restarting.
+//! - A notice with the workload in a container (agents with podman, the job with an image
+//!   built locally): it checkpoints through the container and resumes elsewhere at the saved
+//!   step, in a container again.
+//! - An image that cannot be pulled: the start fails with the engine's reason, nothing runs on
+//!   the host instead, and the job (allowed no retry) fails.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -135,8 +140,8 @@ fn kill_agent(agents: &Agents, node: &str) {
 }
 
 /// Starts an agent for every node the control plane buys, as the cloud would boot one with the
-/// agent in its user data; kills it when the node is gone.
-async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
+/// agent in its user data; kills it when the node is gone. `engine` are its container flags.
+async fn launch_agents(url: String, dir: PathBuf, agents: Agents, engine: Vec<String>) {
     let http = reqwest::Client::new();
     let mut launched: HashSet<String> = HashSet::new();
     loop {
@@ -199,6 +204,7 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
                 .arg(&work)
                 .args(["--drain-grace", "5s"])
                 .args(spotplane_tests::agent_isolation_args())
+                .args(&engine)
                 .env("RUST_LOG", "info")
                 .stdout(Stdio::from(log.try_clone().expect("log")))
                 .stderr(Stdio::from(log))
@@ -214,7 +220,8 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents) {
 }
 
 impl Cluster {
-    async fn start(db: Db, one_gpu_nodes: bool) -> Cluster {
+    /// With `containers`, the agents run images with podman; else they have no engine.
+    async fn start(db: Db, one_gpu_nodes: bool, containers: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("tmp");
         // Agents run replicas as users of their own (docs/agent.md, isolation).
         spotplane_tests::reachable_workload(dir.path(), &bin("spotplane-example-train"));
@@ -225,10 +232,16 @@ impl Cluster {
         let mut serve = serve(dir.path(), &config, 0);
         serve.wait_healthy(&format!("{url}/readyz")).await;
         let agents: Agents = Arc::default();
+        let engine = if containers {
+            spotplane_tests::container_engine_args()
+        } else {
+            vec!["--container-runtime".into(), "none".into()]
+        };
         let launcher = tokio::spawn(launch_agents(
             url.clone(),
             dir.path().to_owned(),
             agents.clone(),
+            engine,
         ));
         Cluster {
             dir,
@@ -342,6 +355,19 @@ impl Cluster {
             tail(&self.serve.output(), 60),
             self.agent_logs()
         );
+    }
+
+    /// Every agent's whole log.
+    fn agent_logs_full(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(self.dir.path().join("agents"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            out.push_str(&std::fs::read_to_string(e.path().join("agent.log")).unwrap_or_default());
+        }
+        out
     }
 
     fn agent_logs(&self) -> String {
@@ -464,6 +490,13 @@ impl Cluster {
         for n in nodes {
             kill_agent(&self.agents, &n);
         }
+        // The containers of killed agents (a next agent of the node would remove them).
+        let (_, all) = self.call(reqwest::Method::GET, "/v1/nodes", None).await;
+        for n in all["items"].as_array().cloned().unwrap_or_default() {
+            if let Some(id) = n["id"].as_str() {
+                spotplane_tests::remove_node_containers(id);
+            }
+        }
     }
 }
 
@@ -503,10 +536,14 @@ async fn setup(db: Db) -> Cluster {
 }
 
 async fn setup_with(db: Db, one_gpu_nodes: bool) -> Cluster {
+    setup_full(db, one_gpu_nodes, false).await
+}
+
+async fn setup_full(db: Db, one_gpu_nodes: bool, containers: bool) -> Cluster {
     for b in ["spotplane", "spotplane-agent", "spotplane-example-train"] {
         bin(b); // built by scripts/test; says how to build it otherwise
     }
-    let c = Cluster::start(db, one_gpu_nodes).await;
+    let c = Cluster::start(db, one_gpu_nodes, containers).await;
     let (s, v) = c
         .call(
             reqwest::Method::POST,
@@ -542,6 +579,73 @@ async fn succeeded(c: &Cluster, job: &str) -> Value {
 async fn a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint(db: Db) {
     let c = setup(db).await;
     let job = c.submit("notice", 500, 3600).await;
+    notice_resumes_on_the_other_cloud(c, job).await;
+}
+
+// Issue 21: the same with the workload in a container of a locally built image.
+async fn a_notice_resumes_a_container_job_on_the_other_cloud_at_the_saved_step(db: Db) {
+    if !spotplane_tests::podman_or_skip() {
+        return;
+    }
+    let image = spotplane_tests::test_image(&bin("spotplane-example-train"));
+    let c = setup_full(db, false, true).await;
+    let mut body = job_body(&c, "container", 1, 500, 3600, false);
+    body["image"] = json!(image);
+    body["command"] = json!([spotplane_tests::IMAGE_WORKLOAD]);
+    body["checkpoint"]["uri"] = json!(format!(
+        "file://{}/objects/container",
+        c.dir.path().display()
+    ));
+    let job = c.submit_body(body).await;
+    running(&c, &job, 1).await;
+    // The replica is a container of the image on its node.
+    let (node, _, _) = c.placement(&job).await.first().cloned().expect("placed");
+    let name = format!("spotplane-{job}-0-1");
+    assert!(
+        spotplane_tests::container_exists(&name),
+        "{name} on {node}\n{}",
+        c.agent_logs()
+    );
+    notice_resumes_on_the_other_cloud(c, job).await;
+}
+
+// Issue 21: a pull that fails is the start's failure, with the engine's reason.
+async fn an_image_that_cannot_be_pulled_fails_the_job_with_the_engines_reason(db: Db) {
+    if !spotplane_tests::podman_or_skip() {
+        return;
+    }
+    let c = setup_full(db, false, true).await;
+    let mut body = job_body(&c, "nopull", 1, 100, 3600, false);
+    body["image"] = json!("localhost:1/nope:1");
+    body["command"] = json!([spotplane_tests::IMAGE_WORKLOAD]);
+    body["max_retries"] = json!(0);
+    body.as_object_mut().expect("object").remove("checkpoint");
+    let job = c.submit_body(body).await;
+    let j = c
+        .until(&format!("job {job} failed"), 150, async || {
+            let j = c.job(&job).await;
+            assert_ne!(j["state"], "succeeded", "{j}");
+            (j["state"] == "failed").then_some(j)
+        })
+        .await;
+    // The node's agent said why (the lead's start-failure event carries the same message).
+    let logs = c.agent_logs_full();
+    assert!(
+        logs.contains("pulling localhost:1/nope:1: ") && logs.contains("connection refused"),
+        "{j}\n{logs}"
+    );
+    // Nothing ran, in a container or on the host.
+    assert!(
+        c.outputs(&job).iter().all(|(_, out)| out.is_empty()),
+        "{:?}",
+        c.outputs(&job)
+    );
+    c.stop().await;
+}
+
+/// A running job's node gets a notice while a spot crunch on its cloud sends the
+/// replacement to the other: it checkpoints, resumes there from the saved step and succeeds.
+async fn notice_resumes_on_the_other_cloud(c: Cluster, job: String) {
     running(&c, &job, 1).await;
     // Let it make progress, then the cloud takes the node back with its notice, while a spot
     // crunch on that cloud sends the replacement elsewhere.
@@ -774,6 +878,8 @@ macro_rules! on_both_databases {
 
 on_both_databases!(
     a_notice_resumes_the_job_on_the_other_cloud_from_its_checkpoint,
+    a_notice_resumes_a_container_job_on_the_other_cloud_at_the_saved_step,
+    an_image_that_cannot_be_pulled_fails_the_job_with_the_engines_reason,
     a_job_without_a_checkpoint_uri_runs_under_the_relative_default_store,
     a_node_lost_without_notice_resumes_from_the_periodic_checkpoint,
     the_control_plane_killed_during_a_drain_still_finishes_the_job,

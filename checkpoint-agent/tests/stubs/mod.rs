@@ -201,6 +201,11 @@ impl ControlPlaneStub {
         lock(&self.state).registered.contains_key(&node)
     }
 
+    /// What the node said of itself when it last registered.
+    pub fn registration(&self, node: NodeId) -> Option<RegisterRequest> {
+        lock(&self.state).registered.get(&node).cloned()
+    }
+
     pub fn exchanges(&self) -> usize {
         lock(&self.state).exchanges
     }
