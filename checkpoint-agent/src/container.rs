@@ -546,18 +546,11 @@ pub fn normalize_image(image: &str) -> String {
 /// Checks that `image` is an image reference (`[registry/]name[:tag][@digest]`) and nothing an
 /// engine could read as a flag: it starts with a letter or digit and holds only the
 /// characters references use.
+/// The control plane checks the same at submit ([`spotplane_core::job::check_image_reference`]);
+/// the agent checks again, since a command may come from an older control plane.
 pub fn check_reference(image: &str) -> Result<(), String> {
-    let ok = image.len() <= 512
-        && image.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && image
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "._-/:@".contains(c))
-        && !image.contains("//");
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("{image:?} is not an image reference"))
-    }
+    spotplane_core::job::check_image_reference(image)
+        .map_err(|m| format!("{image:?} is not an image reference: it {m}"))
 }
 
 fn is_registry(component: &str) -> bool {

@@ -281,6 +281,31 @@ pub struct JobSpec {
     pub elastic: bool,
 }
 
+/// Checks that `image` reads as an image reference (`[registry/]name[:tag][@digest]`) and as
+/// nothing an engine could take for a flag: at most 512 characters, starting with a letter or
+/// digit, holding only the characters references use. Says what is wrong in words that follow
+/// "it".
+pub fn check_image_reference(image: &str) -> Result<(), String> {
+    if image.is_empty() || image.len() > 512 {
+        return Err("must hold 1 to 512 characters".into());
+    }
+    if !image.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Err("must start with a letter or a digit".into());
+    }
+    if let Some(bad) = image
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "._-/:@".contains(*c)))
+    {
+        return Err(format!(
+            "may hold only letters, digits and '.', '_', '-', '/', ':', '@', found {bad:?}"
+        ));
+    }
+    if image.contains("//") || image.ends_with(['/', ':', '@']) {
+        return Err("must not have an empty path component, tag or digest".into());
+    }
+    Ok(())
+}
+
 /// Letters, digits and `_`, not starting with a digit.
 fn valid_env_name(k: &str) -> bool {
     !k.is_empty()
@@ -405,14 +430,9 @@ impl JobSpec {
             );
         }
         if let Some(image) = &self.image
-            && (image.trim().is_empty()
-                || image.len() > 512
-                || image.chars().any(|c| c.is_whitespace() || c.is_control()))
+            && let Err(m) = check_image_reference(image)
         {
-            errs.push(
-                "image",
-                "must be a non-empty image reference without spaces, at most 512 characters",
-            );
+            errs.push("image", format!("is not an image reference: it {m}"));
         }
         for (k, v) in &self.env {
             if !valid_env_name(k) {
@@ -811,6 +831,23 @@ mod tests {
             fields_of(&spec),
             ["command[1]", "image", "env.K", "checkpoint.uri"]
         );
+
+        for (image, ok) in [
+            ("ghcr.io/acme/train:1", true),
+            ("localhost:5000/x/y@sha256:0123abcd", true),
+            ("ubuntu", true),
+            ("--privileged", false),
+            ("-v/:/host", false),
+            ("ghcr.io//x", false),
+            ("ghcr.io/x:", false),
+            ("ghcr.io/x y:1", false),
+            ("", false),
+        ] {
+            let mut spec = base.clone();
+            spec.image = Some(image.into());
+            let want: &[&str] = if ok { &[] } else { &["image"] };
+            assert_eq!(fields_of(&spec), want, "{image:?}");
+        }
 
         for year in [10000, 2040] {
             let mut spec = base.clone();
