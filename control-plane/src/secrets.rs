@@ -110,12 +110,11 @@ impl SecretsKey {
         };
         match std::fs::read(path) {
             Ok(bytes) => {
-                let bytes: [u8; KEY_LEN] = bytes.try_into().map_err(|b: Vec<u8>| {
-                    KeyError::Corrupt {
+                let bytes: [u8; KEY_LEN] =
+                    bytes.try_into().map_err(|b: Vec<u8>| KeyError::Corrupt {
                         path: path.to_owned(),
                         reason: format!("holds {} bytes, not {KEY_LEN}", b.len()),
-                    }
-                })?;
+                    })?;
                 owner_only(path).map_err(io)?;
                 Ok(SecretsKey::from_bytes(&bytes))
             }
@@ -275,11 +274,16 @@ impl SecretsSettings {
             let text = e.to_string();
             errs.push(
                 "secrets.key",
-                text.strip_prefix("secrets.key: ").unwrap_or(&text).to_owned(),
+                text.strip_prefix("secrets.key: ")
+                    .unwrap_or(&text)
+                    .to_owned(),
             );
         }
         if self.key.is_none() && self.key_file.as_os_str().is_empty() {
-            errs.push("secrets.key_file", "must name a file when secrets.key is not set");
+            errs.push(
+                "secrets.key_file",
+                "must name a file when secrets.key is not set",
+            );
         }
     }
 
@@ -366,20 +370,13 @@ mod tests {
             Ok("hf_abcdef")
         );
         assert!(
-            !sealed
-                .windows("hf_abcdef".len())
-                .any(|w| w == b"hf_abcdef"),
+            !sealed.windows("hf_abcdef".len()).any(|w| w == b"hf_abcdef"),
             "no plaintext in the sealed bytes"
         );
         let cases: [(&str, &str, &str, Vec<u8>); 5] = [
             ("another team", "team-2", "hf-token", sealed.clone()),
             ("another name", "team-1", "hf-token2", sealed.clone()),
-            (
-                "the boundary moved",
-                "team-1h",
-                "f-token",
-                sealed.clone(),
-            ),
+            ("the boundary moved", "team-1h", "f-token", sealed.clone()),
             ("truncated", "team-1", "hf-token", sealed[..20].to_vec()),
             ("empty", "team-1", "hf-token", Vec::new()),
         ];
@@ -422,11 +419,18 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         let sealed = first.seal("t", "n", "v");
         let again = SecretsKey::load_or_create_file(&path).expect("read back");
-        assert_eq!(again.open("t", "n", &sealed).as_deref(), Ok("v"), "same key");
+        assert_eq!(
+            again.open("t", "n", &sealed).as_deref(),
+            Ok("v"),
+            "same key"
+        );
 
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         SecretsKey::load_or_create_file(&path).expect("still read");
-        let mode = std::fs::metadata(&path).expect("exists").permissions().mode();
+        let mode = std::fs::metadata(&path)
+            .expect("exists")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600, "group and other access taken away");
 
         std::fs::write(&path, b"not a key\n").expect("write");

@@ -29,10 +29,7 @@ use crate::store::{Principal, SecretWrite, StoreError};
 /// The routes of this module, under `/v1`.
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route(
-            "/teams/{team}/secrets",
-            post(put_secret).get(list_secrets),
-        )
+        .route("/teams/{team}/secrets", post(put_secret).get(list_secrets))
         .route("/teams/{team}/secrets/{name}", delete(delete_secret))
         .route("/agent/jobs/{job_id}/secrets", get(agent_job_secrets))
 }
@@ -172,11 +169,7 @@ pub async fn agent_job_secrets(
         .await
         .map_err(unreadable)?;
     tracing::info!(%job, %node, env = secrets.env.len(), registry = secrets.registry.is_some(), "handed a job's secrets to its node");
-    Ok((
-        [(header::CACHE_CONTROL, "no-store")],
-        Json(secrets),
-    )
-        .into_response())
+    Ok(([(header::CACHE_CONTROL, "no-store")], Json(secrets)).into_response())
 }
 
 /// At submit: every secret the job names must be one of its team's, and its pull secret a
@@ -202,14 +195,20 @@ pub(super) async fn check_job_secrets(
     }
     let missing = state.store().missing_team_secrets(team_id, &names).await?;
     let absent = |name: &str| {
-        format!("team {team} has no secret named {name}; create it with POST /v1/teams/{team}/secrets")
+        format!(
+            "team {team} has no secret named {name}; create it with POST /v1/teams/{team}/secrets"
+        )
     };
     for (var, name) in &spec.secrets {
         if missing.contains(name) {
             errs.push(format!("secrets.{var}"), absent(name));
         }
     }
-    if let Some(name) = spec.image_pull_secret.as_deref().filter(|n| names.contains(n)) {
+    if let Some(name) = spec
+        .image_pull_secret
+        .as_deref()
+        .filter(|n| names.contains(n))
+    {
         if missing.contains(name) {
             errs.push("image_pull_secret", absent(name));
         } else {
@@ -221,7 +220,9 @@ pub(super) async fn check_job_secrets(
             if value.is_some_and(|v| RegistryCredential::parse(&v).is_none()) {
                 errs.push(
                     "image_pull_secret",
-                    format!("team secret {name} does not hold a registry login as username:password"),
+                    format!(
+                        "team secret {name} does not hold a registry login as username:password"
+                    ),
                 );
             }
         }

@@ -38,7 +38,11 @@ fn secret_from_row(row: &team_secret::Model) -> Secret {
 
 /// A sealed row that does not open, said without its bytes.
 fn unreadable(row: &team_secret::Model, e: crate::secrets::OpenError) -> StoreError {
-    StoreError::corrupt("team_secrets", &row.id, format!("team secret {}: {e}", row.name))
+    StoreError::corrupt(
+        "team_secrets",
+        &row.id,
+        format!("team secret {}: {e}", row.name),
+    )
 }
 
 impl Store {
