@@ -1249,7 +1249,8 @@ mod tests {
     #[test]
     fn secrets_join_the_jobs_env_and_may_not_shadow_it_or_spotplanes_own() {
         let env = map(&[("TRAIN_STEPS", "10")]);
-        let cases: [(&[(&str, &str)], Result<&[(&str, &str)], &str>); 4] = [
+        type Vars<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(Vars, Result<Vars, &str>); 4] = [
             (&[], Ok(&[("TRAIN_STEPS", "10")])),
             (
                 &[("HF_TOKEN", "v1")],

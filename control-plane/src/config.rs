@@ -740,6 +740,31 @@ mod tests {
     }
 
     #[test]
+    fn the_secrets_key_is_a_file_under_the_working_directory_or_given_in_the_environment() {
+        let c = load_with(&[], None).expect("the default loads");
+        assert!(
+            c.secrets.key_file.is_absolute() && c.secrets.key_file.ends_with("data/secrets.key"),
+            "{:?}",
+            c.secrets.key_file
+        );
+        assert_eq!(c.secrets.key, None);
+        use base64::Engine;
+        let key = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
+        let c = load_with(&[("SPOTPLANE_SECRETS__KEY", &key)], None).expect("loads");
+        assert_eq!(
+            c.secrets.key.as_ref().map(|k| k.expose()),
+            Some(key.as_str())
+        );
+        assert!(crate::secrets::SecretsKey::load(&c.secrets).is_ok());
+        let err = load_with(&[("SPOTPLANE_SECRETS__KEY", "c2hvcnQ=")], None).expect_err("short");
+        let ConfigError::Invalid(errs) = err else {
+            panic!("expected validation errors, got {err}");
+        };
+        let fields: Vec<_> = errs.iter().map(|e| e.field.clone()).collect();
+        assert_eq!(fields, ["secrets.key"]);
+    }
+
+    #[test]
     fn the_fleet_caps_are_set_by_default_and_checked() {
         let c = Config::embedded_default().expect("parses");
         let s = c.capacity.settings();
