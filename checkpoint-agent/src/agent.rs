@@ -22,16 +22,17 @@ use chrono::{DateTime, Utc};
 use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 use spotplane_core::agent::{
-    AppliedMigLayout, CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger,
-    Command, CommandKind, CommandResult, Heartbeat, PROTOCOL_VERSION, RegisterRequest,
-    ReplicaLimits, ReplicaPhase, ReplicaStatus, TerminationNotice, bootstrap_token_node,
+    AgentSecrets, AppliedMigLayout, CheckpointManifest, CheckpointOutcome, CheckpointReport,
+    CheckpointTrigger, Command, CommandKind, CommandResult, Heartbeat, PROTOCOL_VERSION,
+    RegisterRequest, RegistryCredential, ReplicaLimits, ReplicaPhase, ReplicaStatus,
+    TerminationNotice, bootstrap_token_node,
 };
 use spotplane_core::{CheckpointId, CommandId, JobId, MigLayout, NodeId};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{CheckpointError, CheckpointMeta, CheckpointStore, UploadConfig};
-use crate::client::{ClientError, ControlPlane};
+use crate::client::{ClientError, ControlPlane, fetch_secrets};
 use crate::container::{self, ContainerLaunch, Engine, EngineSettings};
 use crate::isolation::{self, Isolation, IsolationError, RunAs, UidPool};
 use crate::mig::{self, MigControl};
@@ -740,6 +741,7 @@ impl Runtime {
                 resume_from,
                 limits,
                 rendezvous,
+                secrets,
                 ..
             } => {
                 if let Some(r) = self.replicas.get(&(job_id, replica))
@@ -768,6 +770,7 @@ impl Runtime {
                     image,
                     limits,
                     gang: rendezvous.is_some_and(|r| r.world_size > 1),
+                    secrets,
                 };
                 tokio::spawn(async move {
                     if let Some(tx) = older {
@@ -952,6 +955,32 @@ struct StartSpec {
     limits: Option<ReplicaLimits>,
     /// A replica of a gang of more than one (host networking in a container).
     gang: bool,
+    /// The job refers to team secrets: fetch them before anything else.
+    secrets: bool,
+}
+
+/// The replica's environment from the job's `env` and its secrets' values. Validation at
+/// submit keeps the two apart and secrets off spotplane's own names; a command that breaks
+/// either is refused here, naming the variable (never a value). spotplane's own variables are
+/// set over these by the workload ([`Workload::start`]).
+fn replica_env(
+    mut env: BTreeMap<String, String>,
+    secrets: BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, String> {
+    for (name, value) in secrets {
+        if name.starts_with("SPOTPLANE_") {
+            return Err(format!(
+                "secrets.{name}: names starting with SPOTPLANE_ are set by spotplane"
+            ));
+        }
+        if env.contains_key(&name) {
+            return Err(format!(
+                "secrets.{name}: also set in the job's env; set it in one place"
+            ));
+        }
+        env.insert(name, value);
+    }
+    Ok(env)
 }
 
 /// Restores the replica's checkpoint (the one named, else the latest durable one), starts
@@ -967,6 +996,23 @@ async fn start_replica(ctx: &Ctx, s: StartSpec) -> Result<String, String> {
 }
 
 async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<String, String> {
+    // (1) The team secrets the job refers to, through the node's own channel: their values go
+    // into the replica's environment and the pull, and nowhere else (no log, no file, no
+    // message).
+    let AgentSecrets {
+        env: secret_env,
+        registry,
+    } = if s.secrets {
+        fetch_secrets(&ctx.cp, s.job_id).await?
+    } else {
+        AgentSecrets {
+            env: BTreeMap::new(),
+            registry: None,
+        }
+    };
+    let env = replica_env(s.env, secret_env)?;
+    // (2) The image, pulled with the `image_pull_secret` login (below), before the restore.
+    let pull_login: Option<RegistryCredential> = registry;
     let base = ctx
         .job_dir(s.job_id)
         .join(format!("replica-{}", s.replica))
@@ -982,8 +1028,7 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
             ));
         }
         (Some(image), Ok(engine)) => {
-            // The secrets branch passes the job's registry login (`AgentSecrets::registry`).
-            container::ensure_image(engine, image, None, &ctx.cfg.work_dir).await?;
+            container::ensure_image(engine, image, pull_login.as_ref(), &ctx.cfg.work_dir).await?;
             Some(engine.clone())
         }
     };
@@ -1019,7 +1064,7 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         attempt: s.attempt,
         node_id: Some(ctx.node_id),
         command: s.command,
-        env: s.env,
+        env,
         devices: s.devices,
         checkpoint_dir: base.join("checkpoint"),
         resume_dir: restored.as_ref().map(|_| resume.clone()),
@@ -1249,5 +1294,46 @@ impl Actor {
             self.last_durable = Some(report.clone());
         }
         report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn secrets_join_the_jobs_env_and_may_not_shadow_it_or_spotplanes_own() {
+        let env = map(&[("TRAIN_STEPS", "10")]);
+        type Vars<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(Vars, Result<Vars, &str>); 4] = [
+            (&[], Ok(&[("TRAIN_STEPS", "10")])),
+            (
+                &[("HF_TOKEN", "v1")],
+                Ok(&[("HF_TOKEN", "v1"), ("TRAIN_STEPS", "10")]),
+            ),
+            (&[("TRAIN_STEPS", "v2")], Err("secrets.TRAIN_STEPS")),
+            (
+                &[("SPOTPLANE_JOB_ID", "v3")],
+                Err("secrets.SPOTPLANE_JOB_ID"),
+            ),
+        ];
+        for (secrets, want) in cases {
+            let got = replica_env(env.clone(), map(secrets));
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, map(want)),
+                (Err(got), Err(field)) => {
+                    assert!(got.starts_with(field), "{got}");
+                    assert!(!got.contains("v2") && !got.contains("v3"), "{got}");
+                }
+                (got, want) => panic!("{secrets:?}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 }

@@ -35,6 +35,9 @@ pub struct Config {
     pub webhooks: WebhookSettings,
     #[serde(default)]
     pub finance: FinanceSettings,
+    /// The key team secrets are encrypted with (control-plane/src/secrets.rs).
+    #[serde(default)]
+    pub secrets: crate::secrets::SecretsSettings,
     /// The cloud accounts (or simulated clouds) capacity is bought from, one per cloud.
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
@@ -429,7 +432,7 @@ impl Config {
     /// Makes a relative `file://` object store URL (the default `file://data/objects`)
     /// absolute against the current directory, as the SQLite path already is read: checkpoint
     /// URIs under it go to agents, which accept only absolute local paths, and must not change
-    /// meaning with an agent's working directory.
+    /// meaning with an agent's working directory. The secrets key file likewise.
     pub fn resolve_relative_paths(&mut self) {
         if let Some(rest) = self.object_store.url.strip_prefix("file://")
             && !rest.is_empty()
@@ -439,6 +442,7 @@ impl Config {
             let path = cwd.join(rest.trim_start_matches("./"));
             self.object_store.url = format!("file://{}", path.display());
         }
+        self.secrets.resolve_relative_paths();
     }
 
     /// The embedded default, with its relative object store folder made absolute (as
@@ -643,6 +647,7 @@ impl Config {
         if !(1..=600).contains(&w.pings_per_minute) {
             errs.push("webhooks.pings_per_minute", "must be between 1 and 600");
         }
+        self.secrets.validate(&mut errs);
         if self.finance.billing_account_id.trim().is_empty() {
             errs.push("finance.billing_account_id", "must not be empty");
         }
@@ -732,6 +737,31 @@ mod tests {
         c.object_store.url = "file://data/objects".into();
         let fields: Vec<_> = c.validate().iter().map(|e| e.field.clone()).collect();
         assert_eq!(fields, ["object_store.url"]);
+    }
+
+    #[test]
+    fn the_secrets_key_is_a_file_under_the_working_directory_or_given_in_the_environment() {
+        let c = load_with(&[], None).expect("the default loads");
+        assert!(
+            c.secrets.key_file.is_absolute() && c.secrets.key_file.ends_with("data/secrets.key"),
+            "{:?}",
+            c.secrets.key_file
+        );
+        assert_eq!(c.secrets.key, None);
+        use base64::Engine;
+        let key = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
+        let c = load_with(&[("SPOTPLANE_SECRETS__KEY", &key)], None).expect("loads");
+        assert_eq!(
+            c.secrets.key.as_ref().map(|k| k.expose()),
+            Some(key.as_str())
+        );
+        assert!(crate::secrets::SecretsKey::load(&c.secrets).is_ok());
+        let err = load_with(&[("SPOTPLANE_SECRETS__KEY", "c2hvcnQ=")], None).expect_err("short");
+        let ConfigError::Invalid(errs) = err else {
+            panic!("expected validation errors, got {err}");
+        };
+        let fields: Vec<_> = errs.iter().map(|e| e.field.clone()).collect();
+        assert_eq!(fields, ["secrets.key"]);
     }
 
     #[test]

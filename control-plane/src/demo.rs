@@ -80,6 +80,9 @@ pub async fn run(
     config.database.schema = None;
     config.object_store.url = format!("file://{}", data_dir.join("objects").display());
     std::fs::create_dir_all(data_dir.join("objects"))?;
+    if config.secrets.key.is_none() {
+        config.secrets.key_file = data_dir.join("secrets.key");
+    }
     if let Err(errs) = config.validate().into_result() {
         anyhow::bail!("invalid demo configuration: {errs}");
     }

@@ -22,6 +22,7 @@ pub mod reconcile;
 pub mod recovery;
 pub mod replay;
 pub mod scheduler;
+pub mod secrets;
 pub mod server;
 pub mod simagent;
 pub mod simfront;

@@ -282,3 +282,13 @@ pub struct Delivery {
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub delivered_at: Option<DateTime<Utc>>,
 }
+
+/// A team secret as the API shows it: its name and when it was set, never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Secret {
+    /// How jobs refer to it (`"secrets": {"HF_TOKEN": "<name>"}`, `image_pull_secret`).
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    /// When its value was last set.
+    pub updated_at: DateTime<Utc>,
+}

@@ -51,6 +51,10 @@ impl Server {
         opts: ServeOptions,
     ) -> anyhow::Result<Server> {
         let metrics = Metrics::new();
+        // Before anything is written: a key that cannot be had (a corrupt key file) stops the
+        // start, naming the file.
+        let secrets_key = crate::secrets::SecretsKey::load(&config.secrets)
+            .context("loading the secrets key (secrets.key_file / secrets.key)")?;
         let store = Store::connect(&config.database, metrics.clone()).await?;
         store
             .migrate()
@@ -92,7 +96,8 @@ impl Server {
         let state = AppState::new(store.clone(), clock.clone(), metrics, &config.server)
             .with_finance(config.finance.clone())
             .with_webhooks(config.webhooks.clone(), sender.clone())
-            .with_object_store(&config.object_store.url);
+            .with_object_store(&config.object_store.url)
+            .with_secrets(secrets_key);
         let listener =
             tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
                 .await

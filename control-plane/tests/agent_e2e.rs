@@ -1,7 +1,8 @@
 //! The real `spotplane-agent` binary against this control plane, on SQLite and PostgreSQL:
 //! bootstrap exchange, telemetry-less heartbeats (no driver here), a job started by command,
 //! a termination notice from an AWS metadata stub, the checkpoint uploaded to a local store
-//! and recorded, the node draining.
+//! and recorded, the node draining; a team secret reaching a replica's environment and nothing
+//! else.
 //!
 //! The agent and the example workload are found next to this test's executable
 //! (`target/<profile>/`, where `cargo build --workspace --bins` and `scripts/test` put them);
@@ -25,7 +26,10 @@ use spotplane::scheduler::{Assigned, Placement};
 use spotplane::store::{NewGpu, NewNode};
 use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, MigLayout, NodeId};
 
-on_both_databases!(the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice);
+on_both_databases!(
+    the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice,
+    a_team_secret_reaches_its_replicas_environment_and_no_record_or_log,
+);
 
 fn binary(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
@@ -744,5 +748,390 @@ async fn one_teams_job_cannot_take_over_a_node_it_shares_with_another() {
             .is_none(),
         "A has no resume point in B's storage"
     );
+    srv.stop().await;
+}
+
+/// Everything this test process logs (the control plane runs in it), at debug level.
+#[derive(Clone, Default)]
+struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLogs {
+    /// Installs the capture as this process's subscriber (nextest runs each test in a process
+    /// of its own).
+    fn install() -> CapturedLogs {
+        let logs = CapturedLogs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("no subscriber yet");
+        logs
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+}
+
+/// A webhook endpoint that keeps every body it is sent.
+async fn webhook_receiver() -> (String, Arc<Mutex<Vec<String>>>) {
+    let bodies: Arc<Mutex<Vec<String>>> = Arc::default();
+    let kept = bodies.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let router = Router::new().route(
+        "/hook",
+        axum::routing::post(move |body: String| {
+            let kept = kept.clone();
+            async move {
+                kept.lock().unwrap_or_else(|p| p.into_inner()).push(body);
+                StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    (format!("http://{addr}/hook"), bodies)
+}
+
+/// Every file under `dir`, with its path, as (lossy) text.
+fn files_under(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                out.push((p, String::from_utf8_lossy(&bytes).into_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// The output log of the newest attempt of a job's replica 0 on this agent.
+fn replica_output(work: &Path, job: JobId) -> Option<String> {
+    let mut attempts: Vec<PathBuf> = std::fs::read_dir(work.join(format!("jobs/{job}/replica-0")))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    attempts.sort();
+    std::fs::read_to_string(attempts.last()?.join("output.log")).ok()
+}
+
+/// The whole path with the real agent, the scheduler and the recovery loop: a team secret
+/// named by a job reaches its replica's environment (the example workload prints its hash),
+/// while its value is in none of the job's read model, its events, the webhook deliveries, the
+/// agent's command rows, the control plane's log (at debug level), the agent's log or any file
+/// of the agent's. A second job whose secret is deleted before it starts fails its start,
+/// naming the secret.
+async fn a_team_secret_reaches_its_replicas_environment_and_no_record_or_log(backend: Backend) {
+    use sha2::Digest;
+    let (Some(agent_bin), Some(example)) =
+        (binary("spotplane-agent"), binary("spotplane-example-train"))
+    else {
+        return;
+    };
+    let logs = CapturedLogs::install();
+    let srv = TestServer::start_with(backend, |c| {
+        c.scheduler.enabled = true;
+        c.scheduler.interval = Duration::from_millis(200);
+        c.recovery.enabled = true;
+        c.capacity.enabled = false;
+        c.providers.clear();
+        c.webhooks.enabled = true;
+        c.webhooks.allow_private = true;
+        c.webhooks.interval = Duration::from_millis(100);
+    })
+    .await;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let example = spotplane_tests::reachable_workload(tmp.path(), &example);
+    let work = tmp.path().join("work");
+    let node = NodeId(uuid::Uuid::now_v7());
+    srv.store()
+        .create_node(
+            NewNode {
+                id: node,
+                name: "secrets-1".into(),
+                cloud: Cloud::Aws,
+                region: "us-east-1".into(),
+                zone: "us-east-1a".into(),
+                instance_type: "g5.xlarge".into(),
+                market: Market::Spot,
+                offer_id: None,
+                client_token: "ct-secrets".into(),
+                hourly_price: Micros::parse_usd("0.41").expect("price"),
+                on_demand_price: Micros::parse_usd("1.0").expect("price"),
+                cpu_milli: 4_000,
+                memory_mib: 16_384,
+                gpus: vec![NewGpu {
+                    model: GpuModel::A10G,
+                    memory_mib: 23_028,
+                    mig_enabled: false,
+                    mig_layout: MigLayout::empty(),
+                }],
+                labels: Default::default(),
+            },
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("node");
+    let (_, v) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{node}/bootstrap-token"),
+            Some(ADMIN_TOKEN),
+            Some(&json!({})),
+        )
+        .await;
+    let token_file = tmp.path().join("bootstrap-token");
+    std::fs::write(&token_file, v["token"].as_str().expect("token")).expect("write");
+    let imds_url = imds(Arc::default()).await;
+    let log = tmp.path().join("agent.log");
+    let out = std::fs::File::create(&log).expect("log");
+    let err = out.try_clone().expect("log");
+    let child = Command::new(&agent_bin)
+        .args(["run", "--control-plane", &srv.url, "--cloud", "aws"])
+        .arg("--bootstrap-token-file")
+        .arg(&token_file)
+        .args(["--metadata-url", &imds_url])
+        .arg("--work-dir")
+        .arg(&work)
+        .args(spotplane_tests::agent_isolation_args())
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .expect("agent starts");
+    let _agent = Agent(child);
+
+    let alpha = srv.team_with_token("alpha").await;
+    let (hook, bodies) = webhook_receiver().await;
+    let (s, sub) = srv
+        .call(
+            Method::POST,
+            "/v1/webhooks",
+            Some(&alpha),
+            Some(
+                &json!({"url": hook, "event_types": ["job.queued", "job.admitted",
+                "job.running", "job.cancelled", "job.failed", "job.succeeded"]}),
+            ),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{sub}");
+    let secret = format!("hf_{}", uuid::Uuid::now_v7().simple());
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/teams/alpha/secrets",
+            Some(&alpha),
+            Some(&json!({"name": "hf-token", "value": secret})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+
+    let submit = |name: &'static str| {
+        let srv = &srv;
+        let alpha = alpha.clone();
+        let example = example.clone();
+        async move {
+            let (s, j) = srv
+                .call(
+                    Method::POST,
+                    "/v1/jobs",
+                    Some(&alpha),
+                    Some(
+                        &json!({"name": name, "shape": {"gpus": 1}, "command": [example],
+                        "env": {"TRAIN_STEP_MS": "50", "TRAIN_PRINT_SHA256_OF": "HF_TOKEN"},
+                        "secrets": {"HF_TOKEN": "hf-token"}}),
+                    ),
+                )
+                .await;
+            assert_eq!(s, StatusCode::CREATED, "{j}");
+            j["id"]
+                .as_str()
+                .and_then(|s| s.parse::<JobId>().ok())
+                .expect("job id")
+        }
+    };
+    let first = submit("first").await;
+    let printed = until("the replica prints its secret's hash", &log, async || {
+        replica_output(&work, first).filter(|o| o.contains("secret "))
+    })
+    .await;
+    let hash = hex::encode(sha2::Sha256::digest(secret.as_bytes()));
+    assert!(
+        printed
+            .lines()
+            .any(|l| l == format!("secret sha256={hash}")),
+        "the replica has HF_TOKEN set to the secret's value:\n{printed}"
+    );
+    let job_state = |job: JobId| {
+        let srv = &srv;
+        async move {
+            let (_, v) = srv
+                .call(
+                    Method::GET,
+                    &format!("/v1/jobs/{job}"),
+                    Some(ADMIN_TOKEN),
+                    None,
+                )
+                .await;
+            v
+        }
+    };
+    until("the first job runs", &log, async || {
+        (job_state(first).await["state"] == "running").then_some(())
+    })
+    .await;
+
+    // A second job waits for the node's one GPU; its secret is deleted before it gets it.
+    let second = submit("second").await;
+    let (s, _) = srv
+        .call(
+            Method::DELETE,
+            "/v1/teams/alpha/secrets/hf-token",
+            Some(&alpha),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/jobs/{first}/cancel"),
+            Some(&alpha),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let commands = |srv: &TestServer| {
+        let srv_url = srv.url.clone();
+        let http = srv.http.clone();
+        async move {
+            let v: Value = http
+                .get(format!("{srv_url}/v1/nodes/{node}/commands?limit=500"))
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            Some(v)
+        }
+    };
+    let failed = until("the second job's start fails", &log, async || {
+        commands(&srv).await?["items"]
+            .as_array()?
+            .iter()
+            .find(|c| {
+                c["command"]["type"] == "start"
+                    && c["command"]["job_id"] == json!(second)
+                    && c["result"]["ok"] == json!(false)
+            })
+            .cloned()
+    })
+    .await;
+    let message = failed["result"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("fetching the job's secrets")
+            && message.contains("secrets.HF_TOKEN (hf-token)"),
+        "{failed}"
+    );
+    until("the job events reach the webhook", &log, async || {
+        let b = bodies.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let running = b.iter().any(|b| b.contains("job.running"));
+        let cancelled = b.iter().any(|b| b.contains("job.cancelled"));
+        (running && cancelled).then_some(())
+    })
+    .await;
+
+    // Where the value must not be.
+    let mut places: Vec<(String, String)> = Vec::new();
+    for job in [first, second] {
+        places.push((
+            format!("GET /v1/jobs/{job}"),
+            job_state(job).await.to_string(),
+        ));
+        let (_, events) = srv
+            .call(
+                Method::GET,
+                &format!("/v1/jobs/{job}/events?limit=500"),
+                Some(ADMIN_TOKEN),
+                None,
+            )
+            .await;
+        places.push((format!("the events of {job}"), events.to_string()));
+    }
+    let cmds = commands(&srv).await.expect("commands");
+    let start = cmds["items"]
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .find(|c| c["command"]["type"] == "start" && c["command"]["job_id"] == json!(first))
+        })
+        .expect("the first job's start");
+    assert_eq!(
+        start["command"]["secrets"], true,
+        "the agent was told to fetch: {start}"
+    );
+    places.push(("the agent_commands rows".into(), cmds.to_string()));
+    let sub_id = sub["id"].as_str().expect("subscription id");
+    let (_, deliveries) = srv
+        .call(
+            Method::GET,
+            &format!("/v1/webhooks/{sub_id}/deliveries?limit=500"),
+            Some(&alpha),
+            None,
+        )
+        .await;
+    places.push(("the delivery log".into(), deliveries.to_string()));
+    for (i, b) in bodies
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .enumerate()
+    {
+        places.push((format!("webhook body {i}"), b.clone()));
+    }
+    let cp_log = logs.text();
+    assert!(
+        cp_log.contains("handed a job's secrets to its node"),
+        "the control plane's log was captured"
+    );
+    places.push(("the control plane's log".into(), cp_log));
+    places.push((
+        "the agent's log".into(),
+        std::fs::read_to_string(&log).unwrap_or_default(),
+    ));
+    for (path, text) in files_under(&work) {
+        places.push((path.display().to_string(), text));
+    }
+    for (place, text) in &places {
+        assert!(!text.contains(&secret), "the secret's value is in {place}");
+    }
     srv.stop().await;
 }

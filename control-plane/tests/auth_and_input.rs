@@ -205,6 +205,31 @@ async fn every_role_gets_exactly_its_rights_on_every_endpoint(backend: Backend) 
             Some(json!({"monthly_usd": 100.0})),
             [ok, no, no, no],
         ),
+        (
+            Method::POST,
+            "/v1/teams/alpha/secrets",
+            Some(json!({"name": "s-{n}", "value": "v"})),
+            [created, created, no, no],
+        ),
+        (
+            Method::GET,
+            "/v1/teams/alpha/secrets",
+            None,
+            [ok, ok, no, no],
+        ),
+        (
+            Method::DELETE,
+            "/v1/teams/alpha/secrets/absent",
+            None,
+            [missing, missing, no, no],
+        ),
+        // The node holds no allocation of a fresh job: its agent is told there is none.
+        (
+            Method::GET,
+            "/v1/agent/jobs/{job}/secrets",
+            None,
+            [no, no, no, missing],
+        ),
         // The simulated clouds' controls (the default configuration has them). No instance
         // runs here: an admin gets past the role check to "no such instance".
         (
@@ -502,6 +527,9 @@ async fn the_openapi_document_describes_every_route() {
         ("/v1/agent/heartbeat", vec!["post"]),
         ("/v1/agent/commands/{id}/result", vec!["post"]),
         ("/v1/agent/checkpoints", vec!["post"]),
+        ("/v1/teams/{team}/secrets", vec!["post", "get"]),
+        ("/v1/teams/{team}/secrets/{name}", vec!["delete"]),
+        ("/v1/agent/jobs/{job_id}/secrets", vec!["get"]),
     ];
     let documented = expected.len();
     for (path, methods) in expected {

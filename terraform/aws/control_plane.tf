@@ -224,6 +224,7 @@ locals {
       secrets = [
         { name = "DATABASE_URL", valueFrom = aws_secretsmanager_secret.database_url.arn },
         { name = "SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN", valueFrom = aws_secretsmanager_secret.bootstrap_admin_token.arn },
+        { name = "SPOTPLANE_SECRETS__KEY", valueFrom = aws_secretsmanager_secret.secrets_key.arn },
       ]
       mountPoints      = [{ sourceVolume = "config", containerPath = "/etc/spotplane", readOnly = true }]
       dependsOn        = [{ containerName = "config", condition = "SUCCESS" }]

@@ -153,3 +153,24 @@ resource "aws_secretsmanager_secret_version" "bootstrap_admin_token" {
   secret_id     = aws_secretsmanager_secret.bootstrap_admin_token.id
   secret_string = random_password.bootstrap_admin_token.result
 }
+
+# SPOTPLANE_SECRETS__KEY: the key team secrets are encrypted with in the database. Every task
+# gets the same one (their filesystems are read-only and short-lived); losing it loses every
+# team secret (docs/deploy.md).
+resource "random_bytes" "secrets_key" {
+  length = 32
+}
+
+resource "aws_secretsmanager_secret" "secrets_key" {
+  #checkov:skip=CKV2_AWS_57:A new key would leave every stored team secret unreadable: spotplane does not re-encrypt them (docs/deploy.md).
+  name                    = "spotplane/${var.name}/secrets-key"
+  description             = "SPOTPLANE_SECRETS__KEY of the spotplane control plane (${var.name}): the key team secrets are encrypted with"
+  kms_key_id              = aws_kms_key.this.arn
+  recovery_window_in_days = 30
+  tags                    = local.tags
+}
+
+resource "aws_secretsmanager_secret_version" "secrets_key" {
+  secret_id     = aws_secretsmanager_secret.secrets_key.id
+  secret_string = random_bytes.secrets_key.base64
+}

@@ -215,7 +215,7 @@ data "aws_iam_policy_document" "execution_secrets" {
   statement {
     sid       = "ReadTheControlPlanesSecrets"
     actions   = ["secretsmanager:GetSecretValue"]
-    resources = [aws_secretsmanager_secret.database_url.arn, aws_secretsmanager_secret.bootstrap_admin_token.arn]
+    resources = [aws_secretsmanager_secret.database_url.arn, aws_secretsmanager_secret.bootstrap_admin_token.arn, aws_secretsmanager_secret.secrets_key.arn]
   }
 
   statement {

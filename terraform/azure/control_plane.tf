@@ -81,6 +81,12 @@ resource "azurerm_container_app" "control_plane" {
     identity            = azurerm_user_assigned_identity.control_plane.id
   }
 
+  secret {
+    name                = "secrets-key"
+    key_vault_secret_id = azurerm_key_vault_secret.secrets_key.versionless_id
+    identity            = azurerm_user_assigned_identity.control_plane.id
+  }
+
   # Not secret: a Container Apps secret only because that is how a file is mounted.
   secret {
     name  = "spotplane-toml"
@@ -120,6 +126,11 @@ resource "azurerm_container_app" "control_plane" {
       env {
         name        = "SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN"
         secret_name = "bootstrap-admin-token"
+      }
+
+      env {
+        name        = "SPOTPLANE_SECRETS__KEY"
+        secret_name = "secrets-key"
       }
 
       # Managed identity only (providers/src/azure/credential.rs), as the user-assigned identity.

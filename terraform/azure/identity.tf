@@ -106,6 +106,7 @@ resource "azurerm_role_assignment" "control_plane_secrets" {
   for_each = {
     database-url          = azurerm_key_vault_secret.database_url.resource_versionless_id
     bootstrap-admin-token = azurerm_key_vault_secret.bootstrap_admin_token.resource_versionless_id
+    secrets-key           = azurerm_key_vault_secret.secrets_key.resource_versionless_id
   }
 
   scope                = each.value

@@ -1,6 +1,6 @@
-# Key Vault: DATABASE_URL and the bootstrap admin token. RBAC authorization, purge protection,
-# a firewall admitting the control plane's subnet and operator_ip_ranges. Container Apps reads
-# both secrets by reference with the control plane's identity.
+# Key Vault: DATABASE_URL, the bootstrap admin token and the secrets key. RBAC authorization,
+# purge protection, a firewall admitting the control plane's subnet and operator_ip_ranges.
+# Container Apps reads the secrets by reference with the control plane's identity.
 
 resource "azurerm_key_vault" "this" {
   #checkov:skip=CKV2_AZURE_32:The vault is reached through a service endpoint from the control plane's subnet, and its firewall denies everything else; a private endpoint would add a private DNS zone and cost for no further isolation here.
@@ -52,6 +52,24 @@ resource "azurerm_key_vault_secret" "bootstrap_admin_token" {
   key_vault_id = azurerm_key_vault.this.id
   content_type = "text/plain; spotplane admin token"
   value        = random_password.bootstrap_admin_token.result
+  tags         = local.tags
+
+  depends_on = [azurerm_role_assignment.operator_writes_secrets]
+}
+
+# SPOTPLANE_SECRETS__KEY: the key team secrets are encrypted with in the database. Every
+# replica gets the same one (container apps have no lasting disk); losing it loses every team
+# secret (docs/deploy.md).
+resource "random_bytes" "secrets_key" {
+  length = 32
+}
+
+resource "azurerm_key_vault_secret" "secrets_key" {
+  #checkov:skip=CKV_AZURE_41:An expiry would stop the control plane from reading its key at its next start, and a new key leaves every stored team secret unreadable (docs/deploy.md).
+  name         = "secrets-key"
+  key_vault_id = azurerm_key_vault.this.id
+  content_type = "text/plain; base64 key, 32 bytes"
+  value        = random_bytes.secrets_key.base64
   tags         = local.tags
 
   depends_on = [azurerm_role_assignment.operator_writes_secrets]

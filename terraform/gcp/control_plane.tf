@@ -75,6 +75,16 @@ resource "google_cloud_run_v2_service" "control_plane" {
         }
       }
 
+      env {
+        name = "SPOTPLANE_SECRETS__KEY"
+        value_source {
+          secret_key_ref {
+            secret  = google_secret_manager_secret.secrets_key.secret_id
+            version = google_secret_manager_secret_version.secrets_key.version
+          }
+        }
+      }
+
       resources {
         limits = {
           cpu    = var.control_plane_cpu

@@ -176,3 +176,27 @@ resource "google_secret_manager_secret_version" "bootstrap_admin_token" {
   secret      = google_secret_manager_secret.bootstrap_admin_token.id
   secret_data = random_password.bootstrap_admin_token.result
 }
+
+# SPOTPLANE_SECRETS__KEY: the key team secrets are encrypted with in the database. Every
+# revision gets the same one (Cloud Run has no lasting disk); losing it loses every team secret
+# (docs/deploy.md).
+resource "random_bytes" "secrets_key" {
+  length = 32
+}
+
+resource "google_secret_manager_secret" "secrets_key" {
+  project   = var.project
+  secret_id = "${var.name}-secrets-key"
+  labels    = local.labels
+
+  replication {
+    auto {}
+  }
+
+  depends_on = [google_project_service.this]
+}
+
+resource "google_secret_manager_secret_version" "secrets_key" {
+  secret      = google_secret_manager_secret.secrets_key.id
+  secret_data = random_bytes.secrets_key.base64
+}

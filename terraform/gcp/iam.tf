@@ -59,6 +59,7 @@ resource "google_secret_manager_secret_iam_member" "control_plane" {
     database-url          = google_secret_manager_secret.database_url.secret_id
     bootstrap-admin-token = google_secret_manager_secret.bootstrap_admin_token.secret_id
     config                = google_secret_manager_secret.config.secret_id
+    secrets-key           = google_secret_manager_secret.secrets_key.secret_id
   }
 
   project   = var.project

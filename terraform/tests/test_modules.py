@@ -161,7 +161,7 @@ UNTAGGABLE = {
     "azurerm_role_assignment", "azurerm_role_definition", "azurerm_storage_container",
     "azurerm_storage_management_policy", "azurerm_monitor_diagnostic_setting",
     # random
-    "random_password", "random_id",
+    "random_password", "random_id", "random_bytes",
 }
 TAG_ARGS = ("tags", "labels", "user_labels", "settings")  # settings: Cloud SQL's user_labels
 

@@ -12,6 +12,10 @@
 //! Settings (environment): `TRAIN_STEPS` (default 1,000,000), `TRAIN_STEP_MS` (default 100),
 //! `TRAIN_WEIGHTS_BYTES` (default 1 MiB). It prints one line per event on stdout:
 //! `resumed step=N`, `checkpoint step=N`, `done step=N`.
+//!
+//! `TRAIN_PRINT_SHA256_OF=<VAR>` makes it print `secret sha256=<hex>` at start, the SHA-256 of
+//! the variable's value (`secret unset` without one): how the tests see a team secret reach
+//! the replica's environment without the value being printed.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -83,6 +87,15 @@ async fn run() -> Result<u8, String> {
     let step_ms = env_u64("TRAIN_STEP_MS", 100)?;
     let len =
         usize::try_from(env_u64("TRAIN_WEIGHTS_BYTES", 1 << 20)?).map_err(|e| e.to_string())?;
+    if let Ok(var) = std::env::var("TRAIN_PRINT_SHA256_OF") {
+        match std::env::var_os(&var) {
+            Some(v) => println!(
+                "secret sha256={}",
+                hex::encode(Sha256::digest(v.as_encoded_bytes()))
+            ),
+            None => println!("secret unset"),
+        }
+    }
     let ckpt_dir = PathBuf::from(
         std::env::var("SPOTPLANE_CHECKPOINT_DIR")
             .map_err(|_| "SPOTPLANE_CHECKPOINT_DIR is not set".to_owned())?,

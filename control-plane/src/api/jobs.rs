@@ -98,6 +98,7 @@ pub async fn submit_job(
     {
         errs.push("checkpoint.uri", why);
     }
+    super::secrets::check_job_secrets(&state, &team_id, &team, &spec, &mut errs).await?;
     errs.into_result()?;
     let idempotency = key.map(|k| {
         let mut canonical = spec.clone();

@@ -14,6 +14,7 @@ mod health;
 mod jobs;
 mod openapi;
 pub mod overview;
+mod secrets;
 mod teams;
 mod tokens;
 mod webhooks;
@@ -67,6 +68,9 @@ struct Inner {
     /// `object_store.url`, when it is a `file://` folder: the only place a job's own `file://`
     /// checkpoint URI may point. None refuses every `file://` URI a request names.
     local_objects: Option<String>,
+    /// The key team secrets are sealed with; None until `with_secrets` (the secrets routes
+    /// then answer 503).
+    secrets: Option<crate::secrets::SecretsKey>,
 }
 
 impl AppState {
@@ -89,6 +93,7 @@ impl AppState {
                 // (its reports are refused).
                 object_store_url: String::new(),
                 local_objects: None,
+                secrets: None,
             }),
         }
     }
@@ -121,6 +126,22 @@ impl AppState {
                 .map(|path| format!("file://{}", path.trim_end_matches('/')));
         }
         self
+    }
+
+    /// Sets the key team secrets are sealed with (before the state is shared).
+    pub fn with_secrets(mut self, key: crate::secrets::SecretsKey) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.secrets = Some(key);
+        }
+        self
+    }
+
+    /// The secrets key, or 503 where the server was built without one.
+    pub fn secrets_key(&self) -> Result<&crate::secrets::SecretsKey, ApiError> {
+        self.inner
+            .secrets
+            .as_ref()
+            .ok_or_else(|| ApiError::Unavailable("this server has no secrets key".into()))
     }
 
     pub fn object_store_url(&self) -> &str {
@@ -221,6 +242,7 @@ pub fn router(state: AppState) -> Router {
             post(tokens::create_token).get(tokens::list_tokens),
         )
         .route("/tokens/{id}", delete(tokens::revoke_token))
+        .merge(secrets::routes())
         .route("/jobs", post(jobs::submit_job).get(jobs::list_jobs))
         .route("/jobs/{id}", get(jobs::get_job))
         .route("/jobs/{id}/cancel", post(jobs::cancel_job))

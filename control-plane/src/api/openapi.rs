@@ -5,7 +5,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::problem::Problem;
-use super::{agent, cluster, finance, jobs, overview, teams, tokens, webhooks};
+use super::{agent, cluster, finance, jobs, overview, secrets, teams, tokens, webhooks};
 use crate::model::{Gpu, Job, JobEvent, Node, Offer, Role, Team, Token};
 
 #[derive(OpenApi)]
@@ -26,6 +26,7 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         finance::summary, finance::export_csv, finance::get_budget, finance::put_budget,
         webhooks::create, webhooks::list, webhooks::get, webhooks::update, webhooks::delete,
         webhooks::rotate_secret, webhooks::send_ping, webhooks::deliveries,
+        secrets::put_secret, secrets::list_secrets, secrets::delete_secret, secrets::agent_job_secrets,
     ),
     components(schemas(Problem, Team, Token, Role, Job, JobEvent, Node, Gpu, Offer,
         overview::Overview, overview::EventLine, crate::store::PlacedReplica, crate::store::JobLine,
@@ -34,7 +35,8 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         crate::finance::summary::Figures, crate::finance::summary::GroupBy, finance::Budget,
         crate::model::Subscription, crate::model::Delivery, webhooks::CreateWebhook,
         webhooks::UpdateWebhook, webhooks::RotateSecret, webhooks::WebhookWithSecret,
-        webhooks::PingResult)),
+        webhooks::PingResult,
+        crate::model::Secret, secrets::PutSecret)),
     modifiers(&BearerAuth),
     tags(
         (name = "teams", description = "Teams, their fair-share weights and quotas"),
@@ -44,6 +46,7 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         (name = "agent", description = "The node agents' protocol (node credentials act for their own node only) and its operators' side"),
         (name = "webhooks", description = "Endpoints that receive job, node and budget events, signed per Standard Webhooks"),
         (name = "finance", description = "The cost ledger: summaries, CSV and FOCUS exports, budgets"),
+        (name = "secrets", description = "Team secrets: set and listed by name, stored encrypted, never returned; jobs refer to them by name"),
     )
 )]
 pub struct ApiDoc;

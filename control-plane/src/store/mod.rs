@@ -5,9 +5,10 @@
 //! Everything that must survive a restart: teams and their quotas, API tokens (hashed), jobs
 //! with their full event history, nodes with their GPUs and MIG layouts, allocations of GPUs to
 //! job replicas, the offers last seen, checkpoints, the event outbox, webhook subscriptions and
-//! deliveries, and the cost ledger. The database is the truth: a restarted control plane
-//! rebuilds every in-memory view (scheduler snapshots, planner state) from these tables, and
-//! keeps nothing else.
+//! deliveries, the cost ledger, and team secrets (encrypted: [`crate::secrets`]). The database
+//! is the truth: a restarted control plane rebuilds every in-memory view (scheduler snapshots,
+//! planner state) from these tables, and keeps nothing else. The one thing it does not hold is
+//! the key that opens the secrets: that is the configuration's (`secrets.key_file`).
 //!
 //! # How
 //!
@@ -30,6 +31,7 @@ mod outbox;
 mod overview;
 mod recovery;
 mod scheduling;
+mod secrets;
 mod submit;
 mod teams;
 mod tokens;
@@ -67,6 +69,7 @@ pub use nodes::{NewGpu, NewNode, OfferCursor};
 pub use outbox::OutboxEvent;
 pub use overview::{JobLine, PlacedReplica};
 pub use scheduling::{SpecCache, wait_text};
+pub use secrets::SecretWrite;
 pub use teams::{NewTeam, TeamPatch};
 pub use tokens::{Bootstrap, NewToken, Principal, generate_secret, hash_secret};
 pub use webhooks::{DueDelivery, NewSubscription, SubscriptionPatch};

@@ -44,9 +44,11 @@ impl TestDb {
         // Webhook and ledger tests run their loops explicitly too.
         config.webhooks.enabled = false;
         config.finance.enabled = false;
+        // The secrets key: a file of the test's own, kept across a restart on the same data.
+        let dir = tempfile::tempdir().expect("tempdir");
+        config.secrets.key_file = dir.path().join("secrets.key");
         match backend {
             Backend::Sqlite => {
-                let dir = tempfile::tempdir().expect("tempdir");
                 config.database.url =
                     format!("sqlite://{}", dir.path().join("spotplane.sqlite").display());
                 config.object_store.url =
@@ -67,7 +69,7 @@ impl TestDb {
                 TestDb {
                     backend,
                     config,
-                    _dir: None,
+                    _dir: Some(dir),
                     schema: Some(schema),
                 }
             }

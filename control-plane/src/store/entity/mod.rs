@@ -23,5 +23,6 @@ pub mod outbox;
 pub mod price_point;
 pub mod team;
 pub mod team_budget;
+pub mod team_secret;
 pub mod webhook_delivery;
 pub mod webhook_subscription;

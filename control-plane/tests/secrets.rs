@@ -1,0 +1,702 @@
+//! Team secrets on SQLite and PostgreSQL: set, replaced, listed and deleted through the API
+//! without their values ever coming back; scoped to their team; checked when a job refers to
+//! them; sealed in the database (no plaintext, and a wrong key, an altered row or a row moved
+//! to another team or name does not open); and handed out only to the agent of a node that
+//! holds the job.
+
+mod common;
+
+use common::{ADMIN_TOKEN, Backend, TestDb, TestServer};
+use reqwest::{Method, StatusCode};
+use sea_orm::{ActiveModelTrait, ConnectOptions, EntityTrait, Set};
+use serde_json::{Value, json};
+use spotplane::metrics::Metrics;
+use spotplane::scheduler::{Assigned, Placement};
+use spotplane::secrets::SecretsKey;
+use spotplane::store::entity::team_secret;
+use spotplane::store::{NewGpu, NewNode, NewTeam, SecretWrite, Store, StoreError};
+use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, MigLayout, NodeId};
+
+on_both_databases!(
+    team_secrets_are_set_listed_and_deleted_and_their_values_never_come_back,
+    a_team_sees_and_touches_only_its_own_secrets,
+    bad_secrets_get_a_problem_naming_the_field_and_never_quoting_the_value,
+    a_job_must_name_secrets_its_team_has,
+    stored_secrets_hold_no_plaintext_and_open_only_with_their_key_team_and_name,
+    only_the_node_holding_the_job_gets_its_secrets,
+);
+
+fn secrets_path(team: &str) -> String {
+    format!("/v1/teams/{team}/secrets")
+}
+
+async fn put(
+    srv: &TestServer,
+    token: &str,
+    team: &str,
+    name: &str,
+    value: &str,
+) -> (StatusCode, Value) {
+    srv.call(
+        Method::POST,
+        &secrets_path(team),
+        Some(token),
+        Some(&json!({"name": name, "value": value})),
+    )
+    .await
+}
+
+/// A value no test could come upon by chance.
+fn value(what: &str) -> String {
+    format!("{what}-{}", uuid::Uuid::now_v7().simple())
+}
+
+async fn team_secrets_are_set_listed_and_deleted_and_their_values_never_come_back(
+    backend: Backend,
+) {
+    let srv = TestServer::start(backend).await;
+    let alpha = srv.team_with_token("alpha").await;
+    let (v1, v2, v3) = (value("hf"), value("hf-rotated"), value("wandb"));
+
+    let (s, created) = put(&srv, &alpha, "alpha", "hf-token", &v1).await;
+    assert_eq!(s, StatusCode::CREATED, "{created}");
+    let keys: Vec<&str> = created
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(keys, ["created_at", "name", "updated_at"], "{created}");
+    assert_eq!(created["name"], "hf-token");
+
+    let (s, replaced) = put(&srv, &alpha, "alpha", "hf-token", &v2).await;
+    assert_eq!(s, StatusCode::OK, "replaced: {replaced}");
+    assert_eq!(replaced["created_at"], created["created_at"]);
+    assert!(
+        replaced["updated_at"].as_str() >= created["updated_at"].as_str(),
+        "{replaced}"
+    );
+    let (s, v) = put(&srv, ADMIN_TOKEN, "alpha", "wandb", &v3).await;
+    assert_eq!(s, StatusCode::CREATED, "an admin sets any team's: {v}");
+
+    let (s, list) = srv
+        .call(Method::GET, &secrets_path("alpha"), Some(&alpha), None)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{list}");
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|i| i["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["hf-token", "wandb"]);
+    let (_, first) = srv
+        .call(
+            Method::GET,
+            &format!("{}?limit=1", secrets_path("alpha")),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(first["items"][0]["name"], "hf-token");
+    let cursor = first["next_cursor"].as_str().expect("a next page");
+    let (_, second) = srv
+        .call(
+            Method::GET,
+            &format!("{}?limit=1&cursor={cursor}", secrets_path("alpha")),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(second["items"][0]["name"], "wandb");
+    assert!(second["next_cursor"].is_null(), "{second}");
+    let (s, v) = srv
+        .call(
+            Method::GET,
+            &format!("{}?cursor=Not%20A%20Name", secrets_path("alpha")),
+            Some(&alpha),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("cursor")),
+        "{v}"
+    );
+
+    let (s, _) = srv
+        .call(
+            Method::DELETE,
+            &format!("{}/hf-token", secrets_path("alpha")),
+            Some(&alpha),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, v) = srv
+        .call(
+            Method::DELETE,
+            &format!("{}/hf-token", secrets_path("alpha")),
+            Some(&alpha),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "deleted once: {v}");
+    let (_, list) = srv
+        .call(Method::GET, &secrets_path("alpha"), Some(&alpha), None)
+        .await;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(1), "{list}");
+
+    // No answer of any of these routes held a value, nor does the OpenAPI document list one.
+    let seen = [created, replaced, list, first, second].map(|v| v.to_string());
+    for text in &seen {
+        for secret in [&v1, &v2, &v3] {
+            assert!(!text.contains(secret.as_str()), "{text}");
+        }
+    }
+    let (_, doc) = srv.call(Method::GET, "/v1/openapi.json", None, None).await;
+    for p in [
+        "/v1/teams/{team}/secrets",
+        "/v1/teams/{team}/secrets/{name}",
+        "/v1/agent/jobs/{job_id}/secrets",
+    ] {
+        assert!(doc["paths"][p].is_object(), "{p} is documented");
+    }
+    srv.stop().await;
+}
+
+async fn a_team_sees_and_touches_only_its_own_secrets(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let alpha = srv.team_with_token("alpha").await;
+    let beta = srv.team_with_token("beta").await;
+    let v = value("alpha-only");
+    assert_eq!(
+        put(&srv, &alpha, "alpha", "key", &v).await.0,
+        StatusCode::CREATED
+    );
+
+    // Beta's token: alpha is a team it cannot see.
+    let (s, b) = put(&srv, &beta, "alpha", "key", "overwritten").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{b}");
+    for (method, path) in [
+        (Method::GET, secrets_path("alpha")),
+        (Method::DELETE, format!("{}/key", secrets_path("alpha"))),
+    ] {
+        let (s, b) = srv.call(method.clone(), &path, Some(&beta), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{method} {path}: {b}");
+    }
+    // Beta's own list is empty; alpha's secret is still there, unchanged in name and time.
+    let (_, own) = srv
+        .call(Method::GET, &secrets_path("beta"), Some(&beta), None)
+        .await;
+    assert_eq!(own["items"], json!([]));
+    let (_, list) = srv
+        .call(Method::GET, &secrets_path("alpha"), Some(&alpha), None)
+        .await;
+    assert_eq!(list["items"][0]["name"], "key");
+    assert_eq!(
+        list["items"][0]["created_at"],
+        list["items"][0]["updated_at"]
+    );
+
+    // No team at all, and roles without a team's business here.
+    let (s, _) = put(&srv, ADMIN_TOKEN, "nobody", "key", "v").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, tok) = srv
+        .call(
+            Method::POST,
+            "/v1/tokens",
+            Some(ADMIN_TOKEN),
+            Some(&json!({"name": "books", "role": "finance"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{tok}");
+    let finance = tok["token"].as_str().expect("token");
+    let (s, _) = srv
+        .call(Method::GET, &secrets_path("alpha"), Some(finance), None)
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, _) = srv
+        .call(Method::GET, &secrets_path("alpha"), None, None)
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    srv.stop().await;
+}
+
+async fn bad_secrets_get_a_problem_naming_the_field_and_never_quoting_the_value(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let alpha = srv.team_with_token("alpha").await;
+    let long = format!("{}{}", value("long"), "z".repeat(64 * 1024));
+    let cases = [
+        (json!({"name": "Not A Name", "value": "v"}), "name"),
+        (json!({"name": "ok", "value": long}), "value"),
+        (
+            json!({"name": "ok", "value": "before\u{0}after-nul"}),
+            "value",
+        ),
+        (json!({"name": "ok", "value": ""}), "value"),
+        (json!({"name": "ok"}), "value"),
+        (json!({"value": "v"}), "name"),
+        (json!({"name": "ok", "value": 5}), "value"),
+        (json!({"name": "ok", "value": "v", "vaule": "v"}), "vaule"),
+    ];
+    for (body, field) in cases {
+        let (s, _, v) = srv
+            .send(
+                Method::POST,
+                &secrets_path("alpha"),
+                Some(&alpha),
+                Some(&body),
+                &[],
+            )
+            .await;
+        assert_eq!(
+            (s, v["field"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(field)),
+            "{v}"
+        );
+        if let Some(text) = body["value"].as_str().filter(|t| t.len() > 1) {
+            let problem = v.to_string();
+            assert!(!problem.contains(&text[..text.len().min(40)]), "{problem}");
+            assert!(!problem.contains("after-nul"), "{problem}");
+        }
+    }
+    let (_, list) = srv
+        .call(Method::GET, &secrets_path("alpha"), Some(&alpha), None)
+        .await;
+    assert_eq!(list["items"], json!([]), "nothing was stored");
+    srv.stop().await;
+}
+
+async fn a_job_must_name_secrets_its_team_has(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let alpha = srv.team_with_token("alpha").await;
+    let beta = srv.team_with_token("beta").await;
+    let token = value("hf");
+    assert_eq!(
+        put(&srv, &alpha, "alpha", "hf-token", &token).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        put(&srv, &alpha, "alpha", "registry", "robot:pa:ss")
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        put(&srv, &alpha, "alpha", "not-a-login", "no-colon-here")
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        put(&srv, &beta, "beta", "beta-only", "b").await.0,
+        StatusCode::CREATED
+    );
+    let job = |extra: Value| {
+        let mut j = json!({"name": "train", "shape": {"gpus": 1}, "command": ["train"]});
+        if let (Some(o), Some(e)) = (j.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        j
+    };
+    let cases = [
+        (json!({"secrets": {"HF_TOKEN": "hf-token"}}), None),
+        (
+            json!({"image": "ghcr.io/acme/train:1", "image_pull_secret": "registry", "secrets": {"HF_TOKEN": "hf-token"}}),
+            None,
+        ),
+        (
+            json!({"secrets": {"HF_TOKEN": "gone"}}),
+            Some("secrets.HF_TOKEN"),
+        ),
+        (json!({"secrets": {"B": "beta-only"}}), Some("secrets.B")),
+        (
+            json!({"image": "ghcr.io/acme/train:1", "image_pull_secret": "absent"}),
+            Some("image_pull_secret"),
+        ),
+        (
+            json!({"image": "ghcr.io/acme/train:1", "image_pull_secret": "not-a-login"}),
+            Some("image_pull_secret"),
+        ),
+    ];
+    let mut accepted = Vec::new();
+    for (extra, field) in cases {
+        let (s, v) = srv
+            .call(
+                Method::POST,
+                "/v1/jobs",
+                Some(&alpha),
+                Some(&job(extra.clone())),
+            )
+            .await;
+        match field {
+            None => {
+                assert_eq!(s, StatusCode::CREATED, "{extra}: {v}");
+                accepted.push(v);
+            }
+            Some(f) => {
+                assert_eq!(
+                    (s, v["field"].as_str()),
+                    (StatusCode::UNPROCESSABLE_ENTITY, Some(f)),
+                    "{extra}: {v}"
+                );
+                assert!(!v.to_string().contains("no-colon-here"), "{v}");
+            }
+        }
+    }
+    // Two missing at once: both named.
+    let (_, v) = srv
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(&alpha),
+            Some(&job(json!({"secrets": {"A": "gone-a", "B": "gone-b"}}))),
+        )
+        .await;
+    let fields: Vec<&str> = v["errors"]
+        .as_array()
+        .map(|e| e.iter().filter_map(|e| e["field"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(fields, ["secrets.A", "secrets.B"], "{v}");
+
+    // The job keeps the names only.
+    let id = accepted[1]["id"].as_str().expect("id");
+    let (_, read) = srv
+        .call(Method::GET, &format!("/v1/jobs/{id}"), Some(&alpha), None)
+        .await;
+    assert_eq!(read["secrets"], json!({"HF_TOKEN": "hf-token"}), "{read}");
+    assert_eq!(read["image_pull_secret"], "registry");
+    for v in accepted.iter().chain([&read]) {
+        let text = v.to_string();
+        assert!(!text.contains(&token) && !text.contains("pa:ss"), "{text}");
+    }
+    srv.stop().await;
+}
+
+/// A second connection to the test's database, to read and alter rows behind the store.
+async fn raw(db: &TestDb) -> sea_orm::DatabaseConnection {
+    let mut opts = ConnectOptions::new(db.config.database.url.clone());
+    if let Some(schema) = &db.config.database.schema {
+        opts.set_schema_search_path(schema.clone());
+    }
+    sea_orm::Database::connect(opts).await.expect("connects")
+}
+
+async fn stored_secrets_hold_no_plaintext_and_open_only_with_their_key_team_and_name(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend);
+    let store = Store::connect(&db.config.database, Metrics::new())
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let now = chrono::Utc::now();
+    let mut teams = Vec::new();
+    for name in ["alpha", "beta"] {
+        let t = store
+            .create_team(
+                NewTeam {
+                    name: name.parse().expect("name"),
+                    weight: 1.0,
+                    cohort: None,
+                    quotas: Default::default(),
+                },
+                now,
+            )
+            .await
+            .expect("team");
+        teams.push(t.id);
+    }
+    let (alpha, beta) = (&teams[0], &teams[1]);
+    let key = SecretsKey::generate();
+    let plain = value("plaintext");
+    let w = store
+        .put_team_secret(&key, alpha, "hf-token", &plain, now)
+        .await
+        .expect("stored");
+    assert!(matches!(w, SecretWrite::Created(_)), "{w:?}");
+    assert_eq!(
+        store
+            .team_secret_value(&key, alpha, "hf-token")
+            .await
+            .expect("read")
+            .as_deref(),
+        Some(plain.as_str())
+    );
+
+    // The row holds neither the value nor any long run of it.
+    let conn = raw(&db).await;
+    let rows = team_secret::Entity::find().all(&conn).await.expect("rows");
+    assert_eq!(rows.len(), 1);
+    let row = rows[0].clone();
+    let sealed = &row.sealed;
+    assert!(
+        sealed.len() >= plain.len() + 24 + 16,
+        "nonce, ciphertext and tag"
+    );
+    for window in plain.as_bytes().windows(8) {
+        assert!(
+            !sealed.windows(8).any(|w| w == window),
+            "no 8 bytes of the value in the row"
+        );
+    }
+
+    // Another key does not open it.
+    let err = store
+        .team_secret_value(&SecretsKey::generate(), alpha, "hf-token")
+        .await
+        .expect_err("wrong key");
+    assert!(
+        matches!(
+            err,
+            StoreError::Corrupt {
+                table: "team_secrets",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(!err.to_string().contains(&plain), "{err}");
+
+    // One byte altered: it does not open.
+    let mut tampered = row.sealed.clone();
+    if let Some(last) = tampered.last_mut() {
+        *last ^= 0x80;
+    }
+    let mut am: team_secret::ActiveModel = row.clone().into();
+    am.sealed = Set(tampered);
+    am.update(&conn).await.expect("altered");
+    let err = store
+        .team_secret_value(&key, alpha, "hf-token")
+        .await
+        .expect_err("tampered");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+
+    // The intact bytes copied to another name and to another team: neither opens.
+    for (team, name) in [(alpha, "copy"), (beta, "hf-token")] {
+        team_secret::ActiveModel {
+            id: Set(uuid::Uuid::now_v7().to_string()),
+            team_id: Set(team.clone()),
+            name: Set(name.into()),
+            sealed: Set(row.sealed.clone()),
+            created_at: Set(now),
+            updated_at: Set(now),
+        }
+        .insert(&conn)
+        .await
+        .expect("copied");
+        let err = store
+            .team_secret_value(&key, team, name)
+            .await
+            .expect_err("moved");
+        assert!(
+            matches!(err, StoreError::Corrupt { .. }),
+            "{team}/{name}: {err}"
+        );
+    }
+
+    // Replacing writes a fresh seal that opens again.
+    let w = store
+        .put_team_secret(&key, alpha, "hf-token", &plain, now)
+        .await
+        .expect("replaced");
+    assert!(matches!(w, SecretWrite::Replaced(_)), "{w:?}");
+    assert_eq!(
+        store
+            .team_secret_value(&key, alpha, "hf-token")
+            .await
+            .expect("read")
+            .as_deref(),
+        Some(plain.as_str())
+    );
+    let _ = conn.close().await;
+    db.cleanup().await;
+}
+
+fn new_node(name: &str) -> NewNode {
+    NewNode {
+        id: NodeId(uuid::Uuid::now_v7()),
+        name: name.into(),
+        cloud: Cloud::Aws,
+        region: "us-east-1".into(),
+        zone: "us-east-1a".into(),
+        instance_type: "g5.xlarge".into(),
+        market: Market::Spot,
+        offer_id: None,
+        client_token: format!("ct-{name}"),
+        hourly_price: Micros::parse_usd("0.4").expect("price"),
+        on_demand_price: Micros::parse_usd("1.0").expect("price"),
+        cpu_milli: 4_000,
+        memory_mib: 16_384,
+        gpus: vec![NewGpu {
+            model: GpuModel::A10G,
+            memory_mib: 23_028,
+            mig_enabled: false,
+            mig_layout: MigLayout::empty(),
+        }],
+        labels: Default::default(),
+    }
+}
+
+/// A registered node: its id and credential.
+async fn registered(srv: &TestServer, name: &str) -> (NodeId, String) {
+    let now = chrono::Utc::now();
+    let (n, boot) = srv
+        .store()
+        .create_node_with_bootstrap(new_node(name), now + chrono::Duration::hours(1), now)
+        .await
+        .expect("node and token");
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&boot),
+            Some(
+                &json!({"protocol_version": 1, "node_id": n.id, "agent_version": "0.1.0",
+                "hostname": name, "cpu_milli": 4000, "memory_mib": 16384}),
+            ),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    (
+        n.id,
+        v["credential"].as_str().expect("credential").to_owned(),
+    )
+}
+
+async fn only_the_node_holding_the_job_gets_its_secrets(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let alpha = srv.team_with_token("alpha").await;
+    let (hf, password) = (value("hf"), value("pw"));
+    assert_eq!(
+        put(&srv, &alpha, "alpha", "hf-token", &hf).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        put(
+            &srv,
+            &alpha,
+            "alpha",
+            "registry",
+            &format!("robot:{password}")
+        )
+        .await
+        .0,
+        StatusCode::CREATED
+    );
+    let (holder, holder_cred) = registered(&srv, "holder").await;
+    let (_, other_cred) = registered(&srv, "other").await;
+    let (s, j) = srv
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(&alpha),
+            Some(
+                &json!({"name": "train", "shape": {"gpus": 1}, "command": ["train"],
+                "image": "ghcr.io/acme/train:1", "image_pull_secret": "registry",
+                "secrets": {"HF_TOKEN": "hf-token"}}),
+            ),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{j}");
+    let job: JobId = j["id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let path = format!("/v1/agent/jobs/{job}/secrets");
+
+    // Queued, no allocation anywhere: nobody gets anything.
+    let (s, v) = srv.call(Method::GET, &path, Some(&holder_cred), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+
+    srv.store()
+        .admit_job(
+            job,
+            &[Placement {
+                replica: 0,
+                node: holder,
+                assigned: Assigned::Whole(vec![0]),
+            }],
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("admitted");
+    let (s, headers, v) = srv
+        .send(Method::GET, &path, Some(&holder_cred), None, &[])
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        headers.get("cache-control").and_then(|h| h.to_str().ok()),
+        Some("no-store")
+    );
+    assert_eq!(
+        v,
+        json!({"env": {"HF_TOKEN": hf}, "registry": {"username": "robot", "password": password}})
+    );
+
+    // Another node, a team, an admin, a job that does not exist: refused.
+    let refused = [
+        (other_cred.as_str(), path.clone(), StatusCode::NOT_FOUND),
+        (alpha.as_str(), path.clone(), StatusCode::FORBIDDEN),
+        (ADMIN_TOKEN, path.clone(), StatusCode::FORBIDDEN),
+        (
+            holder_cred.as_str(),
+            format!("/v1/agent/jobs/{}/secrets", JobId::new_at(1, 1)),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            holder_cred.as_str(),
+            "/v1/agent/jobs/not-a-job/secrets".into(),
+            StatusCode::NOT_FOUND,
+        ),
+    ];
+    for (token, p, want) in refused {
+        let (s, v) = srv.call(Method::GET, &p, Some(token), None).await;
+        assert_eq!(s, want, "{p}: {v}");
+        assert!(!v.to_string().contains(&hf), "{v}");
+    }
+
+    // The secret deleted since: the holder is told which, not what it held.
+    let (s, _) = srv
+        .call(
+            Method::DELETE,
+            &format!("{}/hf-token", secrets_path("alpha")),
+            Some(&alpha),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, v) = srv.call(Method::GET, &path, Some(&holder_cred), None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("secrets.HF_TOKEN (hf-token)") && !detail.contains(&hf),
+        "{v}"
+    );
+
+    // A pull secret that is not a login.
+    assert_eq!(
+        put(&srv, &alpha, "alpha", "hf-token", &hf).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        put(&srv, &alpha, "alpha", "registry", "no-colon").await.0,
+        StatusCode::OK
+    );
+    let (s, v) = srv.call(Method::GET, &path, Some(&holder_cred), None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with("image_pull_secret") && !detail.contains("no-colon"),
+        "{v}"
+    );
+
+    // Cancelled, its allocation given back: the holder no longer gets anything.
+    let (s, c) = srv
+        .call(
+            Method::POST,
+            &format!("/v1/jobs/{job}/cancel"),
+            Some(&alpha),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{c}");
+    assert_eq!(c["state"], "cancelled", "{c}");
+    let (s, v) = srv.call(Method::GET, &path, Some(&holder_cred), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    srv.stop().await;
+}
