@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::{CheckpointError, CheckpointMeta, CheckpointStore, UploadConfig};
 use crate::client::{ClientError, ControlPlane};
 use crate::isolation::{self, Isolation, IsolationError, RunAs, UidPool};
+use crate::logs::{LogSettings, LogSink, Shipper};
 use crate::mig::{self, MigControl};
 use crate::notice::{self, NoticeSource, NoticeView};
 use crate::telemetry::TelemetrySource;
@@ -58,6 +59,8 @@ pub struct AgentConfig {
     /// The range the jobs' users are taken from (with [`Isolation::User`]).
     pub workload_uid_base: u32,
     pub workload_uid_count: u32,
+    /// How replicas' output is kept and shipped.
+    pub logs: LogSettings,
     /// Overrides of what the control plane says (tests).
     pub heartbeat_interval: Option<Duration>,
     pub notice_poll_interval: Option<Duration>,
@@ -77,6 +80,7 @@ impl AgentConfig {
             isolation: Isolation::User,
             workload_uid_base: isolation::DEFAULT_UID_BASE,
             workload_uid_count: isolation::DEFAULT_UID_COUNT,
+            logs: LogSettings::default(),
             heartbeat_interval: None,
             notice_poll_interval: None,
         }
@@ -173,6 +177,8 @@ struct Ctx {
     events: mpsc::UnboundedSender<Event>,
     /// The jobs' users; `None` under [`Isolation::None`].
     users: Option<Arc<std::sync::Mutex<UidPool>>>,
+    /// The replicas' output on its way to the control plane.
+    logs: Shipper,
 }
 
 /// The agent as the owner of what it takes back from workloads (it is root when it isolates).
@@ -427,6 +433,14 @@ pub async fn run(
         watcher_cancel.clone(),
     ));
 
+    let logs = Shipper::new(cfg.logs.pending_max);
+    let logs_cancel = CancellationToken::new();
+    let shipping = tokio::spawn(logs.clone().run(
+        cp.clone(),
+        cfg.logs.ship_interval,
+        Duration::from_secs(3),
+        logs_cancel.clone(),
+    ));
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let ctx = Ctx {
         cfg: Arc::new(cfg),
@@ -436,6 +450,7 @@ pub async fn run(
         clock: deps.clock.clone(),
         events: events_tx,
         users,
+        logs,
     };
     let done = load_done(&ctx.cfg.work_dir);
     let mut rt = Runtime {
@@ -454,6 +469,9 @@ pub async fn run(
     rt.main_loop(hb_interval, notice_rx, events_rx, cancel)
         .await;
     watcher_cancel.cancel();
+    // The workloads are stopped: what they wrote last goes out before the agent does.
+    logs_cancel.cancel();
+    let _ = shipping.await;
     Ok(())
 }
 
@@ -967,6 +985,13 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
     }
+    let log = LogSink {
+        path: base.join("output.log"),
+        max_file_bytes: ctx.cfg.logs.max_file_bytes,
+        keep: ctx.cfg.logs.keep,
+        ship: Some((ctx.logs.clone(), (s.job_id, s.replica, s.attempt))),
+        archive: Some(store.clone()),
+    };
     let launch = Launch {
         job_id: s.job_id,
         replica: s.replica,
@@ -980,7 +1005,7 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         home_dir: Some(base.join("home")),
         tmp_dir: Some(base.join("tmp")),
         signal: ctx.signal,
-        log: Some(base.join("output.log")),
+        log: Some(log),
         run_as,
     };
     let workload = Workload::start(&launch).map_err(|e| e.to_string())?;

@@ -1,4 +1,4 @@
-//! The control plane, as the agent sees it: four calls of the agent protocol.
+//! The control plane, as the agent sees it: the calls of the agent protocol.
 
 use std::sync::RwLock;
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use spotplane_core::agent::{
-    CheckpointReport, CommandResult, Heartbeat, HeartbeatResponse, RegisterRequest,
+    CheckpointReport, CommandResult, Heartbeat, HeartbeatResponse, LogBatch, RegisterRequest,
     RegisterResponse,
 };
 
@@ -114,6 +114,13 @@ impl ControlPlane {
 
     pub async fn checkpoint(&self, r: &CheckpointReport) -> Result<(), ClientError> {
         self.post::<_, serde_json::Value>("/v1/agent/checkpoints", r)
+            .await
+            .map(|_| ())
+    }
+
+    /// Replicas' output ([`crate::logs`]).
+    pub async fn logs(&self, batch: &LogBatch) -> Result<(), ClientError> {
+        self.post::<_, serde_json::Value>("/v1/agent/logs", batch)
             .await
             .map(|_| ())
     }

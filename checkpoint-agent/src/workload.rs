@@ -38,6 +38,7 @@ use spotplane_core::{JobId, NodeId};
 use tokio::process::{Child, Command};
 
 use crate::isolation::{self, IsolationError, RunAs};
+use crate::logs::{self, Capture, LogSink, RotatingLog};
 
 /// The marker's file name inside the checkpoint directory.
 pub const MARKER: &str = ".spotplane-checkpoint-complete";
@@ -63,8 +64,9 @@ pub struct Launch {
     pub home_dir: Option<PathBuf>,
     pub tmp_dir: Option<PathBuf>,
     pub signal: Signal,
-    /// Where stdout and stderr go (a file only the agent reads); inherited when `None`.
-    pub log: Option<PathBuf>,
+    /// Where stdout and stderr go (read by the agent into files only it reads, shipped and
+    /// archived: [`crate::logs`]); inherited when `None`.
+    pub log: Option<LogSink>,
     /// The user it runs as; the agent's own when `None`.
     pub run_as: Option<RunAs>,
 }
@@ -148,6 +150,8 @@ pub struct Workload {
     signal: Signal,
     run_as: Option<RunAs>,
     exit: Option<ExitInfo>,
+    /// Its output being read ([`Launch::log`]).
+    capture: Option<Capture>,
 }
 
 impl Workload {
@@ -198,27 +202,22 @@ impl Workload {
         if !l.devices.is_empty() {
             cmd.env("CUDA_VISIBLE_DEVICES", l.devices.join(","));
         }
-        if let Some(log) = &l.log {
-            use std::os::unix::fs::OpenOptionsExt;
-            if let Some(dir) = log.parent() {
-                isolation::create_dirs(dir, 0o711)?;
+        let log = match &l.log {
+            Some(sink) => {
+                if let Some(dir) = sink.path.parent() {
+                    isolation::create_dirs(dir, 0o711)?;
+                }
+                let file = RotatingLog::create(&sink.path, sink.max_file_bytes, sink.keep)
+                    .map_err(|source| WorkloadError::Io {
+                        what: format!("opening {}", sink.path.display()),
+                        source,
+                    })?;
+                cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+                Some((file, sink))
             }
-            let out = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(log)
-                .map_err(|source| WorkloadError::Io {
-                    what: format!("opening {}", log.display()),
-                    source,
-                })?;
-            let err = out.try_clone().map_err(|source| WorkloadError::Io {
-                what: format!("opening {}", log.display()),
-                source,
-            })?;
-            cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err));
-        }
-        let child = cmd.spawn().map_err(|source| WorkloadError::Spawn {
+            None => None,
+        };
+        let mut child = cmd.spawn().map_err(|source| WorkloadError::Spawn {
             program: match (l.run_as, source.kind()) {
                 (Some(r), std::io::ErrorKind::PermissionDenied) => format!(
                     "{program} (as uid {}: the program and the folders above it must be readable and searchable by others)",
@@ -236,6 +235,12 @@ impl Workload {
                 what: "the new process has no pid".into(),
                 source: std::io::Error::other("no pid"),
             })?;
+        let capture = match (log, child.stdout.take(), child.stderr.take()) {
+            (Some((file, sink)), Some(out), Some(err)) => {
+                Some(logs::capture(file, out, err, sink.clone()))
+            }
+            _ => None,
+        };
         Ok(Workload {
             child,
             pid,
@@ -243,6 +248,7 @@ impl Workload {
             signal: l.signal,
             run_as: l.run_as,
             exit: None,
+            capture,
         })
     }
 
@@ -265,13 +271,20 @@ impl Workload {
             && let Ok(Some(status)) = self.child.try_wait()
         {
             self.exit = Some(status.into());
+            if let Some(c) = &self.capture {
+                c.exited();
+            }
         }
         self.exit
     }
 
-    /// Waits for the process to end.
+    /// Waits for the process to end and for its output to be all in its log file.
+    /// Cancel-safe: waiting again after a cancelled wait picks up where it was.
     pub async fn wait(&mut self) -> ExitInfo {
         if let Some(e) = self.exit {
+            if let Some(c) = &mut self.capture {
+                c.drained().await;
+            }
             return e;
         }
         let info = match self.child.wait().await {
@@ -284,6 +297,10 @@ impl Workload {
                 }
             }
         };
+        if let Some(c) = &mut self.capture {
+            c.exited();
+            c.drained().await;
+        }
         self.exit = Some(info);
         info
     }
@@ -374,7 +391,7 @@ mod tests {
             home_dir: Some(dir.join("home")),
             tmp_dir: Some(dir.join("tmp")),
             signal: Signal::SIGUSR1,
-            log: Some(dir.join("log.txt")),
+            log: Some(LogSink::file(dir.join("log.txt"))),
             run_as: None,
         }
     }
@@ -427,7 +444,7 @@ mod tests {
         l.env
             .insert("PATH".into(), "/opt/job/bin:/usr/bin:/bin".into());
         l.env.insert("HOME".into(), "/job-home".into());
-        l.log = Some(dir.path().join("log2.txt"));
+        l.log = Some(LogSink::file(dir.path().join("log2.txt")));
         let mut w = Workload::start(&l).expect("start");
         assert_eq!(w.wait().await.code, 0);
         let out = std::fs::read_to_string(dir.path().join("log2.txt")).expect("log");
