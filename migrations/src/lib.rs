@@ -16,6 +16,7 @@ mod m20261130_000003_agent_protocol;
 mod m20261201_000003_webhooks_and_finance;
 mod m20261201_000004_recovery;
 mod m20261203_000005_node_capabilities;
+mod m20261203_000007_replica_logs;
 
 pub struct Migrator;
 
@@ -29,6 +30,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000003_webhooks_and_finance::Migration),
             Box::new(m20261201_000004_recovery::Migration),
             Box::new(m20261203_000005_node_capabilities::Migration),
+            Box::new(m20261203_000007_replica_logs::Migration),
         ]
     }
 }

@@ -12,6 +12,7 @@ mod cluster;
 mod finance;
 mod health;
 mod jobs;
+pub mod logs;
 mod openapi;
 pub mod overview;
 mod teams;
@@ -29,6 +30,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
 use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
@@ -67,6 +69,11 @@ struct Inner {
     /// `object_store.url`, when it is a `file://` folder: the only place a job's own `file://`
     /// checkpoint URI may point. None refuses every `file://` URI a request names.
     local_objects: Option<String>,
+    /// Replicas' output: how much is kept, how followers are woken.
+    log_settings: logs::LogSettings,
+    log_hub: logs::LogHub,
+    /// Cancelled when the server shuts down: long answers (log followers) end.
+    shutdown: CancellationToken,
 }
 
 impl AppState {
@@ -89,6 +96,9 @@ impl AppState {
                 // (its reports are refused).
                 object_store_url: String::new(),
                 local_objects: None,
+                log_settings: logs::LogSettings::default(),
+                log_hub: logs::LogHub::default(),
+                shutdown: CancellationToken::new(),
             }),
         }
     }
@@ -121,6 +131,35 @@ impl AppState {
                 .map(|path| format!("file://{}", path.trim_end_matches('/')));
         }
         self
+    }
+
+    /// Sets how replicas' output is kept and followed (before the state is shared).
+    pub fn with_log_settings(mut self, settings: logs::LogSettings) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.log_settings = settings;
+        }
+        self
+    }
+
+    /// Ends long answers (log followers) when `token` is cancelled (before the state is
+    /// shared).
+    pub fn with_shutdown(mut self, token: CancellationToken) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.shutdown = token;
+        }
+        self
+    }
+
+    pub fn log_settings(&self) -> &logs::LogSettings {
+        &self.inner.log_settings
+    }
+
+    pub fn log_hub(&self) -> &logs::LogHub {
+        &self.inner.log_hub
+    }
+
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
     }
 
     pub fn object_store_url(&self) -> &str {
@@ -225,6 +264,7 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}", get(jobs::get_job))
         .route("/jobs/{id}/cancel", post(jobs::cancel_job))
         .route("/jobs/{id}/events", get(jobs::job_events))
+        .route("/jobs/{id}/logs", get(logs::job_logs))
         .route("/nodes", get(cluster::list_nodes))
         .route("/offers", get(cluster::list_offers))
         .route("/overview", get(overview::overview))
@@ -248,7 +288,8 @@ pub fn router(state: AppState) -> Router {
             get(finance::get_budget).put(finance::put_budget),
         )
         .route("/openapi.json", get(openapi::openapi_json))
-        .merge(agent::routes());
+        .merge(agent::routes())
+        .merge(logs::routes());
     let max_body = state.inner.max_body_bytes;
     Router::new()
         .route("/", get(overview::page))

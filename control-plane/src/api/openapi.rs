@@ -5,7 +5,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::problem::Problem;
-use super::{agent, cluster, finance, jobs, overview, teams, tokens, webhooks};
+use super::{agent, cluster, finance, jobs, logs, overview, teams, tokens, webhooks};
 use crate::model::{Gpu, Job, JobEvent, Node, Offer, Role, Team, Token};
 
 #[derive(OpenApi)]
@@ -26,6 +26,7 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         finance::summary, finance::export_csv, finance::get_budget, finance::put_budget,
         webhooks::create, webhooks::list, webhooks::get, webhooks::update, webhooks::delete,
         webhooks::rotate_secret, webhooks::send_ping, webhooks::deliveries,
+        logs::job_logs, logs::post_logs,
     ),
     components(schemas(Problem, Team, Token, Role, Job, JobEvent, Node, Gpu, Offer,
         overview::Overview, overview::EventLine, crate::store::PlacedReplica, crate::store::JobLine,

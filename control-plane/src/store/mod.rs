@@ -5,9 +5,9 @@
 //! Everything that must survive a restart: teams and their quotas, API tokens (hashed), jobs
 //! with their full event history, nodes with their GPUs and MIG layouts, allocations of GPUs to
 //! job replicas, the offers last seen, checkpoints, the event outbox, webhook subscriptions and
-//! deliveries, and the cost ledger. The database is the truth: a restarted control plane
-//! rebuilds every in-memory view (scheduler snapshots, planner state) from these tables, and
-//! keeps nothing else.
+//! deliveries, the cost ledger, and the last MiBs of each replica attempt's output. The
+//! database is the truth: a restarted control plane rebuilds every in-memory view (scheduler
+//! snapshots, planner state) from these tables, and keeps nothing else.
 //!
 //! # How
 //!
@@ -25,6 +25,7 @@ mod agents;
 mod finance;
 mod jobs;
 mod leader;
+mod logs;
 mod nodes;
 mod outbox;
 mod overview;
@@ -63,8 +64,10 @@ pub use agents::{
 pub use finance::{LivePool, TeamBudget};
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
 pub use leader::Leadership;
+pub use logs::{LogAttemptStatus, LogRetention, LogRow, NewLogChunk};
 pub use nodes::{NewGpu, NewNode, OfferCursor};
 pub use outbox::OutboxEvent;
+pub(crate) use recovery::checkpoint_prefix;
 pub use overview::{JobLine, PlacedReplica};
 pub use scheduling::{SpecCache, wait_text};
 pub use teams::{NewTeam, TeamPatch};
