@@ -35,6 +35,7 @@ use crate::checkpoint::{CheckpointError, CheckpointMeta, CheckpointStore, Upload
 use crate::client::{ClientError, ControlPlane, fetch_secrets};
 use crate::container::{self, ContainerLaunch, Engine, EngineSettings};
 use crate::isolation::{self, Isolation, IsolationError, RunAs, UidPool};
+use crate::logs::{LogSettings, LogSink, Shipper};
 use crate::mig::{self, MigControl};
 use crate::notice::{self, NoticeSource, NoticeView};
 use crate::telemetry::TelemetrySource;
@@ -62,6 +63,8 @@ pub struct AgentConfig {
     pub workload_uid_count: u32,
     /// The container engine that runs the replicas of jobs with an image.
     pub containers: EngineSettings,
+    /// How replicas' output is kept and shipped.
+    pub logs: LogSettings,
     /// Overrides of what the control plane says (tests).
     pub heartbeat_interval: Option<Duration>,
     pub notice_poll_interval: Option<Duration>,
@@ -82,6 +85,7 @@ impl AgentConfig {
             workload_uid_base: isolation::DEFAULT_UID_BASE,
             workload_uid_count: isolation::DEFAULT_UID_COUNT,
             containers: EngineSettings::default(),
+            logs: LogSettings::default(),
             heartbeat_interval: None,
             notice_poll_interval: None,
         }
@@ -180,6 +184,8 @@ struct Ctx {
     users: Option<Arc<std::sync::Mutex<UidPool>>>,
     /// The container engine, or why the node has none.
     engine: Result<Arc<Engine>, Arc<str>>,
+    /// The replicas' output on its way to the control plane.
+    logs: Shipper,
 }
 
 /// The agent as the owner of what it takes back from workloads (it is root when it isolates).
@@ -452,6 +458,14 @@ pub async fn run(
         watcher_cancel.clone(),
     ));
 
+    let logs = Shipper::new(cfg.logs.pending_max);
+    let logs_cancel = CancellationToken::new();
+    let shipping = tokio::spawn(logs.clone().run(
+        cp.clone(),
+        cfg.logs.ship_interval,
+        Duration::from_secs(3),
+        logs_cancel.clone(),
+    ));
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let ctx = Ctx {
         cfg: Arc::new(cfg),
@@ -462,6 +476,7 @@ pub async fn run(
         events: events_tx,
         users,
         engine,
+        logs,
     };
     let done = load_done(&ctx.cfg.work_dir);
     let mut rt = Runtime {
@@ -480,6 +495,9 @@ pub async fn run(
     rt.main_loop(hb_interval, notice_rx, events_rx, cancel)
         .await;
     watcher_cancel.cancel();
+    // The workloads are stopped: what they wrote last goes out before the agent does.
+    logs_cancel.cancel();
+    let _ = shipping.await;
     Ok(())
 }
 
@@ -1058,6 +1076,13 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
     }
+    let log = LogSink {
+        path: base.join("output.log"),
+        max_file_bytes: ctx.cfg.logs.max_file_bytes,
+        keep: ctx.cfg.logs.keep,
+        ship: Some((ctx.logs.clone(), (s.job_id, s.replica, s.attempt))),
+        archive: Some(store.clone()),
+    };
     let mut launch = Launch {
         job_id: s.job_id,
         replica: s.replica,
@@ -1071,7 +1096,7 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         home_dir: Some(base.join("home")),
         tmp_dir: Some(base.join("tmp")),
         signal: ctx.signal,
-        log: Some(base.join("output.log")),
+        log: Some(log),
         run_as,
         container: None,
     };

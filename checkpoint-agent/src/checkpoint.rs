@@ -283,6 +283,52 @@ impl CheckpointStore {
         self.uri(&self.checkpoint_prefix(replica, id).join(MANIFEST))
     }
 
+    /// Where file `n` of a replica attempt's output is archived:
+    /// `<prefix>/logs/replica-<r>/attempt-<a>/<n>.log` (beside the checkpoints, never taken
+    /// for one: checkpoints are under `<prefix>/replica-<r>/`).
+    pub fn log_path(&self, replica: u32, attempt: u32, n: u64) -> Path {
+        self.child(&[
+            "logs",
+            &format!("replica-{replica}"),
+            &format!("attempt-{attempt}"),
+            &format!("{n}.log"),
+        ])
+    }
+
+    /// Archives a finished log file as file `n` of the attempt, holding at most about
+    /// `buffer` bytes of it in memory at once; returns its URI.
+    pub async fn put_log(
+        &self,
+        replica: u32,
+        attempt: u32,
+        n: u64,
+        mut file: tokio::fs::File,
+        buffer: usize,
+    ) -> Result<String, CheckpointError> {
+        let location = self.log_path(replica, attempt, n);
+        let mut up = object_store::buffered::BufWriter::with_capacity(
+            self.store.clone(),
+            location.clone(),
+            buffer.max(5 << 20),
+        )
+        .with_max_concurrency(2);
+        let copied = tokio::io::copy(&mut file, &mut up).await;
+        match copied {
+            Ok(_) => up
+                .shutdown()
+                .await
+                .map_err(io(format!("uploading {location}")))?,
+            Err(e) => {
+                let _ = up.abort().await;
+                return Err(CheckpointError::Io {
+                    what: format!("uploading {location}"),
+                    source: e,
+                });
+            }
+        }
+        Ok(self.uri(&location))
+    }
+
     /// Uploads `dir` as checkpoint `meta`, the manifest last, before `deadline` if given.
     /// Missing the deadline leaves no manifest: the checkpoint does not exist.
     pub async fn upload(

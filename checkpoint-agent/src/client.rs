@@ -7,8 +7,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use spotplane_core::JobId;
 use spotplane_core::agent::{
-    AgentSecrets, CheckpointReport, CommandResult, Heartbeat, HeartbeatResponse, RegisterRequest,
-    RegisterResponse,
+    AgentSecrets, CheckpointReport, CommandResult, Heartbeat, HeartbeatResponse, LogBatch,
+    RegisterRequest, RegisterResponse,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -123,6 +123,13 @@ impl ControlPlane {
             .await
             .map(|_| ())
     }
+    /// Replicas' output ([`crate::logs`]).
+    pub async fn logs(&self, batch: &LogBatch) -> Result<(), ClientError> {
+        self.post::<_, serde_json::Value>("/v1/agent/logs", batch)
+            .await
+            .map(|_| ())
+    }
+
     /// The values of the secrets a job refers to (`GET /v1/agent/jobs/{job_id}/secrets`),
     /// answered while this node holds one of the job's replicas. An answer that does not read
     /// is said without serde's words, which could quote a value.

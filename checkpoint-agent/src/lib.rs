@@ -12,6 +12,7 @@
 //! - [`container`]: replicas of jobs with an image, through podman or docker;
 //! - [`isolation`]: the workloads' users and what they can reach;
 //! - [`checkpoint`]: upload, find and restore checkpoints with object_store;
+//! - [`logs`]: the replicas' output, in rotated files, shipped and archived;
 //! - [`telemetry`]: NVML readings named after DCGM fields; [`mig`]: MIG re-layouts;
 //! - [`inventory`]: the node's GPUs; [`client`]: the control plane's agent API;
 //! - [`bench`]: `spotplane-agent bench upload`.
@@ -23,6 +24,7 @@ pub mod client;
 pub mod container;
 pub mod inventory;
 pub mod isolation;
+pub mod logs;
 pub mod mig;
 pub mod notice;
 pub mod telemetry;

@@ -101,6 +101,20 @@ struct RunArgs {
     workload_uid_count: u32,
     #[command(flatten)]
     containers: ContainerArgs,
+    /// A replica's `output.log` is rotated before it grows past this (`output.log.1` …); each
+    /// file is archived under the job's checkpoint prefix once complete.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    log_max_bytes: u64,
+    /// Rotated log files kept on the node beside `output.log`, per replica attempt.
+    #[arg(long, default_value_t = 2)]
+    log_keep: usize,
+    /// Replicas' output waiting for the control plane at most (over all replicas); while it is
+    /// unreachable, the oldest output beyond this is dropped (the files keep it).
+    #[arg(long, default_value = "8MiB", value_parser = parse_size)]
+    log_pending_max: u64,
+    /// How often new output is sent to the control plane.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    log_ship_interval: Duration,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -205,6 +219,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     cfg.workload_uid_base = args.workload_uid_base;
     cfg.workload_uid_count = args.workload_uid_count;
     cfg.containers = args.containers.settings();
+    anyhow::ensure!(
+        args.log_max_bytes >= 64 * 1024,
+        "--log-max-bytes must be at least 64KiB"
+    );
+    anyhow::ensure!(
+        (Duration::from_millis(50)..=Duration::from_secs(60)).contains(&args.log_ship_interval),
+        "--log-ship-interval must be between 50ms and 60s"
+    );
+    cfg.logs = spotplane_agent::logs::LogSettings {
+        max_file_bytes: args.log_max_bytes,
+        keep: args.log_keep,
+        pending_max: usize::try_from(args.log_pending_max).context("--log-pending-max")?,
+        ship_interval: args.log_ship_interval,
+    };
     let deps = Deps {
         notices,
         telemetry: Box::new(NvmlTelemetry::new()),

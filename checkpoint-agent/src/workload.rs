@@ -44,6 +44,7 @@ use tokio::process::{Child, Command};
 
 use crate::container::{ContainerLaunch, ContainerRun};
 use crate::isolation::{self, IsolationError, RunAs};
+use crate::logs::{self, Capture, LogSink, RotatingLog};
 
 /// The marker's file name inside the checkpoint directory.
 pub const MARKER: &str = ".spotplane-checkpoint-complete";
@@ -71,8 +72,9 @@ pub struct Launch {
     pub home_dir: Option<PathBuf>,
     pub tmp_dir: Option<PathBuf>,
     pub signal: Signal,
-    /// Where stdout and stderr go (a file only the agent reads); inherited when `None`.
-    pub log: Option<PathBuf>,
+    /// Where stdout and stderr go (read by the agent into files only it reads, shipped and
+    /// archived: [`crate::logs`]); inherited when `None`.
+    pub log: Option<LogSink>,
     /// The user it runs as; the agent's own when `None`.
     pub run_as: Option<RunAs>,
     /// Run in a container of the job's image, created beforehand by
@@ -171,6 +173,8 @@ pub struct Workload {
     run_as: Option<RunAs>,
     exit: Option<ExitInfo>,
     runner: Runner,
+    /// Its output being read ([`Launch::log`]).
+    capture: Option<Capture>,
 }
 
 impl Workload {
@@ -191,31 +195,26 @@ impl Workload {
             Runner::Container(c) => c.attach_command(),
         };
         cmd.stdin(Stdio::null()).process_group(0).kill_on_drop(true);
-        if let Some(log) = &l.log {
-            use std::os::unix::fs::OpenOptionsExt;
-            if let Some(dir) = log.parent() {
-                isolation::create_dirs(dir, 0o711)?;
+        let log = match &l.log {
+            Some(sink) => {
+                if let Some(dir) = sink.path.parent() {
+                    isolation::create_dirs(dir, 0o711)?;
+                }
+                let file = RotatingLog::create(&sink.path, sink.max_file_bytes, sink.keep)
+                    .map_err(|source| WorkloadError::Io {
+                        what: format!("opening {}", sink.path.display()),
+                        source,
+                    })?;
+                cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+                Some((file, sink))
             }
-            let out = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(log)
-                .map_err(|source| WorkloadError::Io {
-                    what: format!("opening {}", log.display()),
-                    source,
-                })?;
-            let err = out.try_clone().map_err(|source| WorkloadError::Io {
-                what: format!("opening {}", log.display()),
-                source,
-            })?;
-            cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err));
-        }
+            None => None,
+        };
         let program = match &runner {
             Runner::Host => program.clone(),
             Runner::Container(c) => format!("the container engine for {}", c.name()),
         };
-        let child = cmd.spawn().map_err(|source| WorkloadError::Spawn {
+        let mut child = cmd.spawn().map_err(|source| WorkloadError::Spawn {
             program: match (l.run_as, source.kind(), &runner) {
                 (Some(r), std::io::ErrorKind::PermissionDenied, Runner::Host) => format!(
                     "{program} (as uid {}: the program and the folders above it must be readable and searchable by others)",
@@ -233,6 +232,12 @@ impl Workload {
                 what: "the new process has no pid".into(),
                 source: std::io::Error::other("no pid"),
             })?;
+        let capture = match (log, child.stdout.take(), child.stderr.take()) {
+            (Some((file, sink)), Some(out), Some(err)) => {
+                Some(logs::capture(file, out, err, sink.clone()))
+            }
+            _ => None,
+        };
         Ok(Workload {
             child,
             pid,
@@ -241,6 +246,7 @@ impl Workload {
             run_as: l.run_as,
             exit: None,
             runner,
+            capture,
         })
     }
 
@@ -340,13 +346,20 @@ impl Workload {
             && let Ok(Some(status)) = self.child.try_wait()
         {
             self.exited(status.into());
+            if let Some(c) = &self.capture {
+                c.exited();
+            }
         }
         self.exit
     }
 
-    /// Waits for the process to end.
+    /// Waits for the process to end and for its output to be all in its log file.
+    /// Cancel-safe: waiting again after a cancelled wait picks up where it was.
     pub async fn wait(&mut self) -> ExitInfo {
         if let Some(e) = self.exit {
+            if let Some(c) = &mut self.capture {
+                c.drained().await;
+            }
             return e;
         }
         let info = match self.child.wait().await {
@@ -359,6 +372,10 @@ impl Workload {
                 }
             }
         };
+        if let Some(c) = &mut self.capture {
+            c.exited();
+            c.drained().await;
+        }
         self.exited(info)
     }
 
@@ -480,7 +497,7 @@ mod tests {
             home_dir: Some(dir.join("home")),
             tmp_dir: Some(dir.join("tmp")),
             signal: Signal::SIGUSR1,
-            log: Some(dir.join("log.txt")),
+            log: Some(LogSink::file(dir.join("log.txt"))),
             run_as: None,
             container: None,
         }
@@ -534,7 +551,7 @@ mod tests {
         l.env
             .insert("PATH".into(), "/opt/job/bin:/usr/bin:/bin".into());
         l.env.insert("HOME".into(), "/job-home".into());
-        l.log = Some(dir.path().join("log2.txt"));
+        l.log = Some(LogSink::file(dir.path().join("log2.txt")));
         let mut w = Workload::start(&l).expect("start");
         assert_eq!(w.wait().await.code, 0);
         let out = std::fs::read_to_string(dir.path().join("log2.txt")).expect("log");

@@ -221,6 +221,25 @@ pub enum JobCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Print a replica's output (stdout and stderr) as the control plane keeps it; with
+    /// `--follow`, as it comes, until the attempt ends.
+    Logs {
+        id: String,
+        /// Stream new output until the attempt has ended.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// The replica, from 0.
+        #[arg(long, default_value_t = 0)]
+        replica: u32,
+        /// The attempt, from 1 (default: the replica's latest).
+        #[arg(long)]
+        attempt: Option<u32>,
+        /// Start with the last this many lines.
+        #[arg(long)]
+        tail: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]

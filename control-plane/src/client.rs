@@ -141,6 +141,51 @@ impl Client {
         }
     }
 
+    /// A GET whose success body is copied to `out` as it arrives, flushed after each piece
+    /// (followed logs): no time limit on the whole answer, only on connecting.
+    pub async fn stream(
+        &self,
+        path: &str,
+        out: &mut (impl std::io::Write + ?Sized),
+    ) -> Result<(), ClientError> {
+        let url = format!("{}{}", self.base, path);
+        let transport = |source| ClientError::Transport {
+            url: url.clone(),
+            source,
+        };
+        // The shared client's 60 s limit is for the whole answer; a follower's has none.
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(transport)?;
+        let mut req = http.get(&url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let mut resp = req.send().await.map_err(transport)?;
+        let status = resp.status();
+        if !status.is_success() {
+            let bytes = resp.bytes().await.map_err(transport)?;
+            return Err(match serde_json::from_slice::<Problem>(&bytes) {
+                Ok(problem) => ClientError::Api {
+                    status,
+                    problem: Box::new(problem),
+                },
+                Err(_) => ClientError::Unexpected {
+                    status,
+                    body: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
+                },
+            });
+        }
+        while let Some(piece) = resp.chunk().await.map_err(transport)? {
+            // A closed pipe (`| head`) ends the copy; it is not the server's error.
+            if out.write_all(&piece).and_then(|()| out.flush()).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     pub async fn get(&self, path: &str) -> Result<Value, ClientError> {
         self.call::<Value>(Method::GET, path, None::<&Value>, &[])
             .await

@@ -766,6 +766,26 @@ async fn job(cmd: JobCommand) -> anyhow::Result<()> {
                 }
             }
         }
+        JobCommand::Logs {
+            id,
+            follow,
+            replica,
+            attempt,
+            tail,
+            client,
+        } => {
+            let c = client_of(&client)?;
+            let mut query = vec![format!("replica={replica}"), format!("follow={follow}")];
+            if let Some(a) = attempt {
+                query.push(format!("attempt={a}"));
+            }
+            if let Some(t) = tail {
+                query.push(format!("tail={t}"));
+            }
+            let path = format!("/v1/jobs/{id}/logs?{}", query.join("&"));
+            let mut out = std::io::stdout().lock();
+            c.stream(&path, &mut out).await?;
+        }
     }
     Ok(())
 }

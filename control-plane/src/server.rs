@@ -93,17 +93,18 @@ impl Server {
         );
         let sender =
             Arc::new(Sender::new(&config.webhooks).context("building the webhook HTTP client")?);
+        let cancel = CancellationToken::new();
         let state = AppState::new(store.clone(), clock.clone(), metrics, &config.server)
             .with_finance(config.finance.clone())
             .with_webhooks(config.webhooks.clone(), sender.clone())
             .with_object_store(&config.object_store.url)
-            .with_secrets(secrets_key);
+            .with_secrets(secrets_key)
+            .with_shutdown(cancel.clone());
         let listener =
             tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
                 .await
                 .with_context(|| format!("binding {}", config.server.listen))?;
         let addr = listener.local_addr()?;
-        let cancel = CancellationToken::new();
         let mut app = api::router(state.clone());
         if !providers.sims.is_empty() {
             app = app.merge(simfront::router(providers.sims.clone(), state.clone()));

@@ -15,7 +15,8 @@
 //! - `POST /v1/agent/commands/{id}/result` ([`CommandResult`]), the same results a heartbeat
 //!   can carry, sent at once when they matter (a checkpoint done before the node goes);
 //! - `POST /v1/agent/checkpoints` ([`CheckpointReport`]): a checkpoint made durable, or one that
-//!   could not be.
+//!   could not be;
+//! - `POST /v1/agent/logs` ([`LogBatch`]): the replicas' output.
 //!
 //! Every call but a first registration carries the node credential (a bearer token of role
 //! `agent`), which acts for its own node only.
@@ -581,6 +582,39 @@ pub struct ManifestFile {
     pub size: u64,
     /// Hex SHA-256 of the content.
     pub sha256: String,
+}
+
+/// Most chunks one `POST /v1/agent/logs` may carry.
+pub const MAX_LOG_CHUNKS: usize = 256;
+/// Most bytes of output (before base64) one chunk may carry.
+pub const MAX_LOG_CHUNK_BYTES: usize = 64 * 1024;
+
+/// `POST /v1/agent/logs`: replicas' output, in order, from the node that runs them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LogBatch {
+    pub chunks: Vec<LogChunk>,
+}
+
+/// A run of bytes of one replica attempt's output (its stdout and stderr, interleaved by
+/// line), at `offset` in that attempt's log. Sending a chunk again changes nothing: the first
+/// one stored at an offset is kept, so a batch is retried safely.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LogChunk {
+    pub job_id: JobId,
+    pub replica: u32,
+    pub attempt: u32,
+    /// Where the chunk's first byte is in the attempt's log (bytes since it started). A gap
+    /// before it is output the agent had to drop.
+    pub offset: u64,
+    /// The bytes, base64 (standard alphabet, padded); at most [`MAX_LOG_CHUNK_BYTES`] decoded.
+    pub data: String,
+    /// The attempt's output is over: this is its last chunk (it may be empty).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub eof: bool,
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ mod m20261201_000003_webhooks_and_finance;
 mod m20261201_000004_recovery;
 mod m20261203_000005_node_capabilities;
 mod m20261203_000006_team_secrets;
+mod m20261203_000007_replica_logs;
 
 pub struct Migrator;
 
@@ -31,6 +32,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000004_recovery::Migration),
             Box::new(m20261203_000005_node_capabilities::Migration),
             Box::new(m20261203_000006_team_secrets::Migration),
+            Box::new(m20261203_000007_replica_logs::Migration),
         ]
     }
 }

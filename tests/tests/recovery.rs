@@ -18,6 +18,8 @@
 //!   step, in a container again.
 //! - An image that cannot be pulled: the start fails with the engine's reason, nothing runs on
 //!   the host instead, and the job (allowed no retry) fails.
+//! - Logs: followed live with `spotplane job logs -f`, still readable (by the job's team only)
+//!   after the node vanished, and archived beside the checkpoints.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -859,6 +861,153 @@ async fn an_elastic_gang_losing_one_node_keeps_its_survivors(db: Db) {
     c.stop().await;
 }
 
+/// A team token for `team` (created when `create`).
+async fn team_token(c: &Cluster, team: &str, create: bool) -> String {
+    if create {
+        let (s, v) = c
+            .call(
+                reqwest::Method::POST,
+                "/v1/teams",
+                Some(json!({"name": team})),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let (s, v) = c
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/teams/{team}/tokens"),
+            Some(json!({"name": "logs"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    v["token"].as_str().expect("token").to_owned()
+}
+
+/// The lines a process prints, each with when it was read.
+fn timed_lines(out: std::process::ChildStdout) -> Arc<Mutex<Vec<(Instant, String)>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let into = lines.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            into.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((Instant::now(), line));
+        }
+    });
+    lines
+}
+
+/// Logs: `spotplane job logs -f` shows the workload's checkpoint lines within 2 s of the agent's
+/// `output.log` having them; after the node vanished, the first attempt's output is still
+/// readable (never by another team); the last attempt's is archived in object storage.
+async fn a_followed_jobs_output_arrives_live_and_outlives_its_node(db: Db) {
+    let c = setup(db).await;
+    let ml = team_token(&c, "ml", false).await;
+    let other = team_token(&c, "rivals", true).await;
+    // A checkpoint every 30 simulated seconds (6 s here): `checkpoint step=` lines.
+    let job = c.submit("logs", 600, 30).await;
+    running(&c, &job, 1).await;
+    let (node, cloud, instance) = c.placement(&job).await.first().cloned().expect("placed");
+    let file = c
+        .dir
+        .path()
+        .join("agents")
+        .join(&node)
+        .join("jobs")
+        .join(&job)
+        .join("replica-0/attempt-1/output.log");
+    let mut follow = Command::new(bin("spotplane"))
+        .args(["job", "logs", &job, "-f"])
+        .env("SPOTPLANE_URL", &c.url)
+        .env("SPOTPLANE_TOKEN", &ml)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spotplane job logs starts");
+    let seen = timed_lines(follow.stdout.take().expect("stdout"));
+    // When each checkpoint line first appears in the agent's file, and in the follower.
+    let mut in_file: BTreeMap<String, Instant> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let lag = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint lines followed: file {in_file:?}, follower {:?}",
+            seen.lock().unwrap_or_else(|p| p.into_inner())
+        );
+        let now = Instant::now();
+        for l in std::fs::read_to_string(&file).unwrap_or_default().lines() {
+            if l.starts_with("checkpoint step=") {
+                in_file.entry(l.to_owned()).or_insert(now);
+            }
+        }
+        let followed: Vec<(Instant, String)> =
+            seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let lags: Vec<Duration> = in_file
+            .iter()
+            .filter_map(|(l, at)| {
+                let (got, _) = followed.iter().find(|(_, f)| f == l)?;
+                Some(got.saturating_duration_since(*at))
+            })
+            .collect();
+        if lags.len() >= 2 {
+            break lags;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for l in &lag {
+        assert!(
+            *l < Duration::from_secs(2),
+            "followed {l:?} after the file: {lag:?}"
+        );
+    }
+    // The node vanishes, agent and workload with it: the follower ends with the attempt.
+    c.vanish(&node, &cloud, &instance).await;
+    let ended = c
+        .until("the follower ends with the attempt", 90, async || {
+            follow.try_wait().ok().flatten()
+        })
+        .await;
+    assert!(ended.success(), "{ended}");
+    // The first attempt's output is the control plane's: readable with the node gone.
+    let read = |token: String| {
+        let url = format!("{}/v1/jobs/{job}/logs?attempt=1", c.url);
+        async move {
+            let r = reqwest::Client::new()
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("sent");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        }
+    };
+    let (s, text) = read(ml.clone()).await;
+    assert_eq!(s, 200);
+    for l in in_file.keys() {
+        assert!(text.lines().any(|t| t == l), "{l} in {text}");
+    }
+    let (s, text) = read(other).await;
+    assert_eq!(s, 404, "{text}");
+    assert!(!text.contains("step="), "{text}");
+    // The attempt that finished archived its output beside its checkpoints.
+    succeeded(&c, &job).await;
+    let archived = c
+        .dir
+        .path()
+        .join("objects/logs/logs/replica-0/attempt-2/0.log");
+    let done = c
+        .until("the last attempt's log archived", 60, async || {
+            std::fs::read_to_string(&archived)
+                .ok()
+                .filter(|t| t.contains("done step=600"))
+        })
+        .await;
+    assert!(done.contains("resumed step="), "{done}");
+    c.stop().await;
+}
+
 macro_rules! on_both_databases {
     ($($name:ident),* $(,)?) => {
         $(
@@ -885,4 +1034,5 @@ on_both_databases!(
     the_control_plane_killed_during_a_drain_still_finishes_the_job,
     a_four_replica_gang_losing_one_node_restarts_whole_from_one_round,
     an_elastic_gang_losing_one_node_keeps_its_survivors,
+    a_followed_jobs_output_arrives_live_and_outlives_its_node,
 );

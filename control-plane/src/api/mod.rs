@@ -12,6 +12,7 @@ mod cluster;
 mod finance;
 mod health;
 mod jobs;
+pub mod logs;
 mod openapi;
 pub mod overview;
 mod secrets;
@@ -30,6 +31,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
 use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
@@ -71,6 +73,11 @@ struct Inner {
     /// The key team secrets are sealed with; None until `with_secrets` (the secrets routes
     /// then answer 503).
     secrets: Option<crate::secrets::SecretsKey>,
+    /// Replicas' output: how much is kept, how followers are woken.
+    log_settings: logs::LogSettings,
+    log_hub: logs::LogHub,
+    /// Cancelled when the server shuts down: long answers (log followers) end.
+    shutdown: CancellationToken,
 }
 
 impl AppState {
@@ -94,6 +101,9 @@ impl AppState {
                 object_store_url: String::new(),
                 local_objects: None,
                 secrets: None,
+                log_settings: logs::LogSettings::default(),
+                log_hub: logs::LogHub::default(),
+                shutdown: CancellationToken::new(),
             }),
         }
     }
@@ -136,12 +146,41 @@ impl AppState {
         self
     }
 
+    /// Sets how replicas' output is kept and followed (before the state is shared).
+    pub fn with_log_settings(mut self, settings: logs::LogSettings) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.log_settings = settings;
+        }
+        self
+    }
+
     /// The secrets key, or 503 where the server was built without one.
     pub fn secrets_key(&self) -> Result<&crate::secrets::SecretsKey, ApiError> {
         self.inner
             .secrets
             .as_ref()
             .ok_or_else(|| ApiError::Unavailable("this server has no secrets key".into()))
+    }
+
+    /// Ends long answers (log followers) when `token` is cancelled (before the state is
+    /// shared).
+    pub fn with_shutdown(mut self, token: CancellationToken) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.shutdown = token;
+        }
+        self
+    }
+
+    pub fn log_settings(&self) -> &logs::LogSettings {
+        &self.inner.log_settings
+    }
+
+    pub fn log_hub(&self) -> &logs::LogHub {
+        &self.inner.log_hub
+    }
+
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
     }
 
     pub fn object_store_url(&self) -> &str {
@@ -247,6 +286,7 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}", get(jobs::get_job))
         .route("/jobs/{id}/cancel", post(jobs::cancel_job))
         .route("/jobs/{id}/events", get(jobs::job_events))
+        .route("/jobs/{id}/logs", get(logs::job_logs))
         .route("/nodes", get(cluster::list_nodes))
         .route("/offers", get(cluster::list_offers))
         .route("/overview", get(overview::overview))
@@ -270,7 +310,8 @@ pub fn router(state: AppState) -> Router {
             get(finance::get_budget).put(finance::put_budget),
         )
         .route("/openapi.json", get(openapi::openapi_json))
-        .merge(agent::routes());
+        .merge(agent::routes())
+        .merge(logs::routes());
     let max_body = state.inner.max_body_bytes;
     Router::new()
         .route("/", get(overview::page))

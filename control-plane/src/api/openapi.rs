@@ -5,7 +5,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::problem::Problem;
-use super::{agent, cluster, finance, jobs, overview, secrets, teams, tokens, webhooks};
+use super::{agent, cluster, finance, jobs, logs, overview, secrets, teams, tokens, webhooks};
 use crate::model::{Gpu, Job, JobEvent, Node, Offer, Role, Team, Token};
 
 #[derive(OpenApi)]
@@ -27,6 +27,7 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         webhooks::create, webhooks::list, webhooks::get, webhooks::update, webhooks::delete,
         webhooks::rotate_secret, webhooks::send_ping, webhooks::deliveries,
         secrets::put_secret, secrets::list_secrets, secrets::delete_secret, secrets::agent_job_secrets,
+        logs::job_logs, logs::post_logs,
     ),
     components(schemas(Problem, Team, Token, Role, Job, JobEvent, Node, Gpu, Offer,
         overview::Overview, overview::EventLine, crate::store::PlacedReplica, crate::store::JobLine,

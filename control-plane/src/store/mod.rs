@@ -5,10 +5,11 @@
 //! Everything that must survive a restart: teams and their quotas, API tokens (hashed), jobs
 //! with their full event history, nodes with their GPUs and MIG layouts, allocations of GPUs to
 //! job replicas, the offers last seen, checkpoints, the event outbox, webhook subscriptions and
-//! deliveries, the cost ledger, and team secrets (encrypted: [`crate::secrets`]). The database
-//! is the truth: a restarted control plane rebuilds every in-memory view (scheduler snapshots,
-//! planner state) from these tables, and keeps nothing else. The one thing it does not hold is
-//! the key that opens the secrets: that is the configuration's (`secrets.key_file`).
+//! deliveries, the cost ledger, the last MiBs of each replica attempt's output, and team
+//! secrets (encrypted: [`crate::secrets`]). The database is the truth: a restarted control
+//! plane rebuilds every in-memory view (scheduler snapshots, planner state) from these tables,
+//! and keeps nothing else. The one thing it does not hold is the key that opens the secrets:
+//! that is the configuration's (`secrets.key_file`).
 //!
 //! # How
 //!
@@ -26,6 +27,7 @@ mod agents;
 mod finance;
 mod jobs;
 mod leader;
+mod logs;
 mod nodes;
 mod outbox;
 mod overview;
@@ -65,9 +67,11 @@ pub use agents::{
 pub use finance::{LivePool, TeamBudget};
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
 pub use leader::Leadership;
+pub use logs::{LogAttemptStatus, LogRetention, LogRow, NewLogChunk};
 pub use nodes::{NewGpu, NewNode, OfferCursor};
 pub use outbox::OutboxEvent;
 pub use overview::{JobLine, PlacedReplica};
+pub(crate) use recovery::checkpoint_prefix;
 pub use scheduling::{SpecCache, wait_text};
 pub use secrets::SecretWrite;
 pub use teams::{NewTeam, TeamPatch};

@@ -21,6 +21,7 @@ pub mod node_agent;
 pub mod offer;
 pub mod outbox;
 pub mod price_point;
+pub mod replica_log;
 pub mod team;
 pub mod team_budget;
 pub mod team_secret;
