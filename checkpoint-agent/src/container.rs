@@ -707,8 +707,9 @@ pub fn container_name(job: spotplane_core::JobId, replica: u32, attempt: u32) ->
     format!("{NAME_PREFIX}{job}-{replica}-{attempt}")
 }
 
-/// What `create` is run with.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What `create` is run with. Its `Debug` leaves out the environment's values: they may be
+/// secrets.
+#[derive(Clone, PartialEq, Eq)]
 pub struct CreatePlan {
     /// The engine's arguments, from `create` to the command's last argument.
     pub args: Vec<String>,
@@ -717,6 +718,26 @@ pub struct CreatePlan {
     /// Variables whose value cannot go through an env file (a line break, a very long
     /// value): passed as `--env NAME`, the value in the engine process's own environment.
     pub engine_env: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for CreatePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreatePlan")
+            .field("args", &self.args)
+            .field(
+                "env_file",
+                &self
+                    .env_file
+                    .lines()
+                    .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "engine_env",
+                &self.engine_env.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 /// The environment of a container replica: the job's, then the contract's with the paths

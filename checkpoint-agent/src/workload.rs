@@ -55,8 +55,8 @@ const MARKER_POLL: Duration = Duration::from_millis(20);
 /// How long a container killed with SIGKILL may take to be reported gone.
 const CONTAINER_KILL_WAIT: Duration = Duration::from_secs(20);
 
-/// What to start.
-#[derive(Debug, Clone)]
+/// What to start. Its `Debug` leaves out the environment's values: they may be secrets.
+#[derive(Clone)]
 pub struct Launch {
     pub job_id: JobId,
     pub replica: u32,
@@ -80,6 +80,22 @@ pub struct Launch {
     /// Run in a container of the job's image, created beforehand by
     /// [`crate::container::create`]; on the host when `None`.
     pub container: Option<ContainerLaunch>,
+}
+
+impl std::fmt::Debug for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launch")
+            .field("job_id", &self.job_id)
+            .field("replica", &self.replica)
+            .field("attempt", &self.attempt)
+            .field("command", &self.command)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("devices", &self.devices)
+            .field("checkpoint_dir", &self.checkpoint_dir)
+            .field("run_as", &self.run_as)
+            .field("container", &self.container)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
