@@ -23,7 +23,7 @@ use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 use spotplane_core::agent::{
     AppliedMigLayout, CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger,
-    Command, CommandKind, CommandResult, Heartbeat, PROTOCOL_VERSION, RegisterRequest,
+    Command, CommandKind, CommandResult, Heartbeat, PROTOCOL_VERSION, RegisterRequest, Rendezvous,
     ReplicaPhase, ReplicaStatus, TerminationNotice, bootstrap_token_node,
 };
 use spotplane_core::{CheckpointId, CommandId, JobId, MigLayout, NodeId};
@@ -58,6 +58,9 @@ pub struct AgentConfig {
     /// The range the jobs' users are taken from (with [`Isolation::User`]).
     pub workload_uid_base: u32,
     pub workload_uid_count: u32,
+    /// The address gang peers reach this node at (`--advertise-address`); by default the
+    /// one it reaches the control plane from.
+    pub advertise_address: Option<std::net::IpAddr>,
     /// Overrides of what the control plane says (tests).
     pub heartbeat_interval: Option<Duration>,
     pub notice_poll_interval: Option<Duration>,
@@ -77,6 +80,7 @@ impl AgentConfig {
             isolation: Isolation::User,
             workload_uid_base: isolation::DEFAULT_UID_BASE,
             workload_uid_count: isolation::DEFAULT_UID_COUNT,
+            advertise_address: None,
             heartbeat_interval: None,
             notice_poll_interval: None,
         }
@@ -248,7 +252,11 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
 }
 
 /// What this node has, for registration.
-fn register_request(node_id: NodeId, instance_id: Option<String>) -> RegisterRequest {
+fn register_request(
+    node_id: NodeId,
+    instance_id: Option<String>,
+    address: Option<std::net::IpAddr>,
+) -> RegisterRequest {
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()
@@ -273,7 +281,25 @@ fn register_request(node_id: NodeId, instance_id: Option<String>) -> RegisterReq
         memory_mib,
         gpus: crate::inventory::gpus(),
         container_engine: None,
-        address: None,
+        address: address.map(|a| a.to_string()),
+    }
+}
+
+/// The address to register: `--advertise-address`, else the one this node reaches the control
+/// plane from; `None` (the control plane then gives peers the hostname) if neither is known.
+async fn advertised_address(cfg: &AgentConfig) -> Option<std::net::IpAddr> {
+    if let Some(a) = cfg.advertise_address {
+        return Some(a);
+    }
+    match crate::gang::local_address_towards(&cfg.control_plane).await {
+        Ok(a) => {
+            tracing::info!(address = %a, "gang peers reach this node at the address it reaches the control plane from");
+            Some(a)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell this node's address; gang peers get its hostname (set --advertise-address)");
+            None
+        }
     }
 }
 
@@ -317,7 +343,7 @@ async fn register(
         (None, None) => return Err(AgentError::BadToken(cfg.bootstrap_token_file.clone())),
     };
     let instance_id = notices.instance_id().await;
-    let req = register_request(node_id, instance_id);
+    let req = register_request(node_id, instance_id, advertised_address(cfg).await);
     let mut candidates: VecDeque<(String, bool)> = VecDeque::new();
     if let Some(s) = &saved {
         candidates.push_back((s.credential.clone(), false));
@@ -713,6 +739,7 @@ impl Runtime {
                 devices,
                 checkpoint_uri,
                 resume_from,
+                rendezvous,
                 ..
             } => {
                 if let Some(r) = self.replicas.get(&(job_id, replica))
@@ -741,6 +768,7 @@ impl Runtime {
                     devices,
                     checkpoint_uri,
                     resume_from,
+                    rendezvous,
                 };
                 tokio::spawn(async move {
                     if let Some(tx) = older {
@@ -920,6 +948,8 @@ struct StartSpec {
     devices: Vec<String>,
     checkpoint_uri: String,
     resume_from: Option<String>,
+    /// Its place in its gang, which its environment carries.
+    rendezvous: Option<Rendezvous>,
 }
 
 /// Restores the replica's checkpoint (the one named, else the latest durable one), starts
@@ -967,13 +997,22 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
     }
+    // The job's env, then spotplane's own (validation keeps the job from setting these names).
+    let mut env = s.env;
+    if let Some(r) = &s.rendezvous {
+        env.extend(
+            crate::gang::env(r)
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
     let launch = Launch {
         job_id: s.job_id,
         replica: s.replica,
         attempt: s.attempt,
         node_id: Some(ctx.node_id),
         command: s.command,
-        env: s.env,
+        env,
         devices: s.devices,
         checkpoint_dir: base.join("checkpoint"),
         resume_dir: restored.as_ref().map(|_| resume.clone()),

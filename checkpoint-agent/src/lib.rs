@@ -13,12 +13,14 @@
 //! - [`checkpoint`]: upload, find and restore checkpoints with object_store;
 //! - [`telemetry`]: NVML readings named after DCGM fields; [`mig`]: MIG re-layouts;
 //! - [`inventory`]: the node's GPUs; [`client`]: the control plane's agent API;
+//! - [`gang`]: the node's address for its gang peers, and a replica's rendezvous environment;
 //! - [`bench`]: `spotplane-agent bench upload`.
 
 pub mod agent;
 pub mod bench;
 pub mod checkpoint;
 pub mod client;
+pub mod gang;
 pub mod inventory;
 pub mod isolation;
 pub mod mig;

@@ -98,6 +98,11 @@ struct RunArgs {
     /// How many uids the range holds (at most this many jobs at once on the node).
     #[arg(long, default_value_t = spotplane_agent::isolation::DEFAULT_UID_COUNT)]
     workload_uid_count: u32,
+    /// The private address gang peers reach this node at (`MASTER_ADDR`,
+    /// `SPOTPLANE_PEER_ADDRS`), an IP address. By default the address this node reaches the
+    /// control plane from.
+    #[arg(long, env = "SPOTPLANE_ADVERTISE_ADDRESS", value_parser = spotplane_agent::gang::parse_advertise_address)]
+    advertise_address: Option<std::net::IpAddr>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -152,6 +157,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     cfg.isolation = args.workload_isolation;
     cfg.workload_uid_base = args.workload_uid_base;
     cfg.workload_uid_count = args.workload_uid_count;
+    cfg.advertise_address = args.advertise_address;
     let deps = Deps {
         notices,
         telemetry: Box::new(NvmlTelemetry::new()),
