@@ -268,9 +268,9 @@ async fn lead(listener: TcpListener, world: u32, formed: oneshot::Sender<()>) {
             tokio::spawn(async move {
                 let (read, write) = stream.into_split();
                 let mut line = String::new();
-                let read = BufReader::new(read).read_line(&mut line);
+                let mut read = BufReader::new(read);
                 if !matches!(
-                    tokio::time::timeout(Duration::from_secs(10), read).await,
+                    tokio::time::timeout(Duration::from_secs(10), read.read_line(&mut line)).await,
                     Ok(Ok(_))
                 ) {
                     return;

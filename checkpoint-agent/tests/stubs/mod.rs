@@ -201,6 +201,14 @@ impl ControlPlaneStub {
         lock(&self.state).registered.contains_key(&node)
     }
 
+    /// The address the node's agent registered, if it gave one.
+    pub fn registered_address(&self, node: NodeId) -> Option<String> {
+        lock(&self.state)
+            .registered
+            .get(&node)
+            .and_then(|r| r.address.clone())
+    }
+
     pub fn exchanges(&self) -> usize {
         lock(&self.state).exchanges
     }
