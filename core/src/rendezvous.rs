@@ -119,14 +119,46 @@ pub enum RendezvousError {
     Unregistered { replica: u32, node: NodeId },
 }
 
-/// The rendezvous of every replica of a gang of `world_size`, in rank order, from its members
-/// (every replica placed, once). See the module's rules.
+/// A gang that can form: what its replicas' rendezvous are made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gang {
+    /// The node rank of each replica, in rank order.
+    pub node_ranks: Vec<u32>,
+    /// The address of each replica's node, in rank order.
+    pub peers: Vec<String>,
+    pub master_port: u16,
+}
+
+impl Gang {
+    /// The rendezvous of one replica; `None` if it is not in the gang.
+    pub fn rendezvous(&self, rank: u32) -> Option<Rendezvous> {
+        let node_rank = *self.node_ranks.get(usize::try_from(rank).ok()?)?;
+        Some(Rendezvous {
+            rank,
+            world_size: u32::try_from(self.peers.len()).unwrap_or(u32::MAX),
+            node_rank,
+            peers: self.peers.clone(),
+            master_addr: self.peers.first().cloned().unwrap_or_default(),
+            master_port: self.master_port,
+        })
+    }
+
+    /// Every replica's rendezvous, in rank order.
+    pub fn all(&self) -> Vec<Rendezvous> {
+        (0..u32::try_from(self.peers.len()).unwrap_or(0))
+            .filter_map(|r| self.rendezvous(r))
+            .collect()
+    }
+}
+
+/// The gang of `world_size` replicas made of `members` (every replica placed, once), or why it
+/// cannot form. See the module's rules.
 pub fn gang(
     job: JobId,
     world_size: u32,
     members: &[Member],
     ports: PortRange,
-) -> Result<Vec<Rendezvous>, RendezvousError> {
+) -> Result<Gang, RendezvousError> {
     if world_size == 0 {
         return Err(RendezvousError::Empty);
     }
@@ -175,20 +207,11 @@ pub fn gang(
             }),
         })
         .collect::<Result<Vec<String>, _>>()?;
-    let master_addr = peers[0].clone();
-    let master_port = ports.port(job, ranked[0].attempt);
-    Ok(ranked
-        .iter()
-        .zip(node_rank_of)
-        .map(|(m, node_rank)| Rendezvous {
-            rank: m.replica,
-            world_size,
-            node_rank,
-            peers: peers.clone(),
-            master_addr: master_addr.clone(),
-            master_port,
-        })
-        .collect())
+    Ok(Gang {
+        node_ranks: node_rank_of,
+        peers,
+        master_port: ports.port(job, ranked[0].attempt),
+    })
 }
 
 #[cfg(test)]
@@ -229,7 +252,9 @@ mod tests {
 
     /// (rank, node rank) of each replica, and the peers, of a gang that forms.
     fn formed(world: u32, members: &[Member]) -> (Vec<(u32, u32)>, Vec<String>) {
-        let g = gang(job(), world, members, PortRange::default()).expect("forms");
+        let g = gang(job(), world, members, PortRange::default())
+            .expect("forms")
+            .all();
         (
             g.iter().map(|r| (r.rank, r.node_rank)).collect(),
             g[0].peers.clone(),
@@ -239,7 +264,9 @@ mod tests {
     #[test]
     fn gangs_are_numbered_in_rank_order_with_their_nodes_addresses() {
         let s = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        let cases: Vec<(&str, u32, Vec<Member>, Vec<(u32, u32)>, Vec<String>)> = vec![
+        // (what, world size, members, (rank, node rank) of each, peers)
+        type Case = (&'static str, u32, Vec<Member>, Vec<(u32, u32)>, Vec<String>);
+        let cases: Vec<Case> = vec![
             (
                 "one replica",
                 1,
@@ -307,7 +334,9 @@ mod tests {
         ];
         for (what, world, members, ranks, peers) in cases {
             assert_eq!(formed(world, &members), (ranks, peers), "{what}");
-            let g = gang(job(), world, &members, PortRange::default()).expect("forms");
+            let g = gang(job(), world, &members, PortRange::default())
+                .expect("forms")
+                .all();
             for r in &g {
                 assert_eq!(r.world_size, world, "{what}");
                 assert_eq!(r.master_addr, r.peers[0], "{what}");
@@ -372,22 +401,24 @@ mod tests {
             member(1, 1, 2, at(2)),
             member(2, 1, 3, at(3)),
         ];
-        let port =
-            |members: &[Member]| gang(job(), 3, members, ports).expect("forms")[0].master_port;
+        let port = |members: &[Member]| gang(job(), 3, members, ports).expect("forms").master_port;
         let run1 = port(&first);
         assert_eq!(run1, ports.port(job(), 1));
+        let g = gang(job(), 3, &first, ports).expect("forms");
+        assert_eq!(g.rendezvous(1), Some(g.all()[1].clone()));
+        assert_eq!(g.rendezvous(3), None, "no rank 3 in a gang of three");
         // Elastic: replica 2 placed again on node 4 (attempt 2), rank 0 ran on: same port, the
         // new node among the peers.
         let mut refilled = first.clone();
         refilled[2] = member(2, 2, 4, at(4));
-        let g = gang(job(), 3, &refilled, ports).expect("forms");
+        let g = gang(job(), 3, &refilled, ports).expect("forms").all();
         assert_eq!(g[2].master_port, run1);
         assert_eq!(g[2].peers, ["10.0.0.1", "10.0.0.2", "10.0.0.4"]);
         assert_eq!((g[0].rank, g[1].rank), (0, 1), "the survivors' ranks");
         // Rank 0 itself placed again: a new master and a new port.
         let mut new_master = first.clone();
         new_master[0] = member(0, 2, 5, at(5));
-        let g = gang(job(), 3, &new_master, ports).expect("forms");
+        let g = gang(job(), 3, &new_master, ports).expect("forms").all();
         assert_eq!(g[1].master_addr, "10.0.0.5");
         assert_eq!(g[1].master_port, ports.port(job(), 2));
         // The whole gang restarted on new nodes: new addresses, the new attempt's port.
@@ -396,7 +427,7 @@ mod tests {
             member(1, 2, 7, at(7)),
             member(2, 2, 8, at(8)),
         ];
-        let g = gang(job(), 3, &restarted, ports).expect("forms");
+        let g = gang(job(), 3, &restarted, ports).expect("forms").all();
         assert_eq!(g[0].peers, ["10.0.0.6", "10.0.0.7", "10.0.0.8"]);
         assert_eq!(g[0].master_port, ports.port(job(), 2));
         assert_ne!(
@@ -472,7 +503,7 @@ mod tests {
                 .rev()
                 .map(|(r, (n, attempt))| member(u32::try_from(r).unwrap_or(0), *attempt, *n, at(*n)))
                 .collect();
-            let g = gang(job(), world, &members, ports).expect("forms");
+            let g = gang(job(), world, &members, ports).expect("forms").all();
             prop_assert_eq!(g.len(), placement.len());
             let mut highest: Option<u32> = None;
             let mut seen: BTreeMap<u64, u32> = BTreeMap::new();

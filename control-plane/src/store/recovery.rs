@@ -715,8 +715,7 @@ async fn gang_rendezvous<C: sea_orm::ConnectionTrait>(
     };
     rendezvous::gang(job_id, spec.replicas, &members, ports)
         .map_err(|e| waits(e.to_string()))?
-        .into_iter()
-        .find(|r| r.rank == replica)
+        .rendezvous(replica)
         .ok_or_else(|| waits(format!("replica {replica} is not in its gang")))
 }
 
