@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use spotplane_core::agent::{
     AgentSecrets, AppliedMigLayout, CheckpointManifest, CheckpointOutcome, CheckpointReport,
     CheckpointTrigger, Command, CommandKind, CommandResult, Heartbeat, PROTOCOL_VERSION,
-    RegisterRequest, RegistryCredential, ReplicaLimits, ReplicaPhase, ReplicaStatus,
+    RegisterRequest, RegistryCredential, Rendezvous, ReplicaLimits, ReplicaPhase, ReplicaStatus,
     TerminationNotice, bootstrap_token_node,
 };
 use spotplane_core::{CheckpointId, CommandId, JobId, MigLayout, NodeId};
@@ -65,6 +65,9 @@ pub struct AgentConfig {
     pub containers: EngineSettings,
     /// How replicas' output is kept and shipped.
     pub logs: LogSettings,
+    /// The address gang peers reach this node at (`--advertise-address`); by default the
+    /// one it reaches the control plane from.
+    pub advertise_address: Option<std::net::IpAddr>,
     /// Overrides of what the control plane says (tests).
     pub heartbeat_interval: Option<Duration>,
     pub notice_poll_interval: Option<Duration>,
@@ -86,6 +89,7 @@ impl AgentConfig {
             workload_uid_count: isolation::DEFAULT_UID_COUNT,
             containers: EngineSettings::default(),
             logs: LogSettings::default(),
+            advertise_address: None,
             heartbeat_interval: None,
             notice_poll_interval: None,
         }
@@ -265,6 +269,7 @@ fn register_request(
     node_id: NodeId,
     instance_id: Option<String>,
     engine: Option<&Engine>,
+    address: Option<std::net::IpAddr>,
 ) -> RegisterRequest {
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
@@ -290,7 +295,25 @@ fn register_request(
         memory_mib,
         gpus: crate::inventory::gpus(),
         container_engine: engine.map(Engine::info),
-        address: None,
+        address: address.map(|a| a.to_string()),
+    }
+}
+
+/// The address to register: `--advertise-address`, else the one this node reaches the control
+/// plane from; `None` (the control plane then gives peers the hostname) if neither is known.
+async fn advertised_address(cfg: &AgentConfig) -> Option<std::net::IpAddr> {
+    if let Some(a) = cfg.advertise_address {
+        return Some(a);
+    }
+    match crate::gang::local_address_towards(&cfg.control_plane).await {
+        Ok(a) => {
+            tracing::info!(address = %a, "gang peers reach this node at the address it reaches the control plane from");
+            Some(a)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell this node's address; gang peers get its hostname (set --advertise-address)");
+            None
+        }
     }
 }
 
@@ -335,7 +358,7 @@ async fn register(
         (None, None) => return Err(AgentError::BadToken(cfg.bootstrap_token_file.clone())),
     };
     let instance_id = notices.instance_id().await;
-    let req = register_request(node_id, instance_id, engine);
+    let req = register_request(node_id, instance_id, engine, advertised_address(cfg).await);
     let mut candidates: VecDeque<(String, bool)> = VecDeque::new();
     if let Some(s) = &saved {
         candidates.push_back((s.credential.clone(), false));
@@ -787,7 +810,8 @@ impl Runtime {
                     resume_from,
                     image,
                     limits,
-                    gang: rendezvous.is_some_and(|r| r.world_size > 1),
+                    gang: rendezvous.as_ref().is_some_and(|r| r.world_size > 1),
+                    rendezvous,
                     secrets,
                 };
                 tokio::spawn(async move {
@@ -975,6 +999,8 @@ struct StartSpec {
     gang: bool,
     /// The job refers to team secrets: fetch them before anything else.
     secrets: bool,
+    /// Its place in its gang, which its environment carries.
+    rendezvous: Option<Rendezvous>,
 }
 
 /// The replica's environment from the job's `env` and its secrets' values. Validation at
@@ -1083,6 +1109,16 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         ship: Some((ctx.logs.clone(), (s.job_id, s.replica, s.attempt))),
         archive: Some(store.clone()),
     };
+    // spotplane's own rendezvous names over the job's env and secrets (validation keeps the job
+    // from setting them).
+    let mut env = env;
+    if let Some(r) = &s.rendezvous {
+        env.extend(
+            crate::gang::env(r)
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
     let mut launch = Launch {
         job_id: s.job_id,
         replica: s.replica,

@@ -15,6 +15,7 @@
 //! - [`logs`]: the replicas' output, in rotated files, shipped and archived;
 //! - [`telemetry`]: NVML readings named after DCGM fields; [`mig`]: MIG re-layouts;
 //! - [`inventory`]: the node's GPUs; [`client`]: the control plane's agent API;
+//! - [`gang`]: the node's address for its gang peers, and a replica's rendezvous environment;
 //! - [`bench`]: `spotplane-agent bench upload`.
 
 pub mod agent;
@@ -22,6 +23,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod client;
 pub mod container;
+pub mod gang;
 pub mod inventory;
 pub mod isolation;
 pub mod logs;

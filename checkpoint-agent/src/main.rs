@@ -115,6 +115,11 @@ struct RunArgs {
     /// How often new output is sent to the control plane.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     log_ship_interval: Duration,
+    /// The private address gang peers reach this node at (`MASTER_ADDR`,
+    /// `SPOTPLANE_PEER_ADDRS`), an IP address. By default the address this node reaches the
+    /// control plane from.
+    #[arg(long, env = "SPOTPLANE_ADVERTISE_ADDRESS", value_parser = spotplane_agent::gang::parse_advertise_address)]
+    advertise_address: Option<std::net::IpAddr>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -233,6 +238,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         pending_max: usize::try_from(args.log_pending_max).context("--log-pending-max")?,
         ship_interval: args.log_ship_interval,
     };
+    cfg.advertise_address = args.advertise_address;
     let deps = Deps {
         notices,
         telemetry: Box::new(NvmlTelemetry::new()),

@@ -12,10 +12,14 @@
 //! | `SPOTPLANE_RESUME_DIR` | set only when resuming: the restored, verified checkpoint |
 //! | `SPOTPLANE_JOB_ID`, `SPOTPLANE_REPLICA`, `SPOTPLANE_ATTEMPT`, `SPOTPLANE_NODE_ID` | who it is |
 //! | `CUDA_VISIBLE_DEVICES` | its GPUs (indices) or MIG device (UUID), when it has any |
+//! | `SPOTPLANE_RANK`, `SPOTPLANE_WORLD_SIZE`, `SPOTPLANE_NODE_RANK` | its place in its gang: its replica index, the gang's replicas, the index of its node among the gang's nodes |
+//! | `SPOTPLANE_PEER_ADDRS` | the address of each replica's node, in rank order, comma-separated |
+//! | `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` | the same for torchrun and PyTorch: rank 0's node address and the port it listens on (see [`crate::gang`]) |
 //! | `HOME`, `TMPDIR` | folders of its own (unless the job's env sets them) |
 //! | `PATH` | [`SAFE_PATH`] (unless the job's env sets it) |
 //!
-//! and the job's own `env`; nothing of the agent's environment. With a [`RunAs`] it runs as
+//! and the job's own `env` (the gang's names come in [`Launch::env`], from the start's
+//! rendezvous); nothing of the agent's environment. With a [`RunAs`] it runs as
 //! that uid and gid with no supplementary groups, and its folders are that user's, mode 0700
 //! (see [`crate::isolation`]).
 //!

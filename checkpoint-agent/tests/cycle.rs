@@ -28,6 +28,17 @@ struct RunningAgent {
 }
 
 async fn start_agent(cp: &ControlPlaneStub, imds_url: &str, dir: &Path) -> RunningAgent {
+    start_agent_at(cp, imds_url, dir, None).await
+}
+
+/// An agent, advertising `address` to its gang peers (by default the one it reaches the
+/// control plane from).
+async fn start_agent_at(
+    cp: &ControlPlaneStub,
+    imds_url: &str,
+    dir: &Path,
+    address: Option<std::net::IpAddr>,
+) -> RunningAgent {
     let node = NodeId(uuid::Uuid::now_v7());
     let token_file = dir.join("bootstrap-token");
     std::fs::create_dir_all(dir).expect("dir");
@@ -44,6 +55,7 @@ async fn start_agent(cp: &ControlPlaneStub, imds_url: &str, dir: &Path) -> Runni
     cfg.notice_poll_interval = Some(Duration::from_millis(100));
     cfg.deadline_margin = Duration::from_secs(1);
     cfg.drain_grace = Duration::from_secs(5);
+    cfg.advertise_address = address;
     let http = Arc::new(ReqwestMetadata::new(Duration::from_secs(2)).expect("http"));
     let deps = Deps {
         notices: source_for(CloudKind::Aws, http, imds_url, None),
@@ -281,4 +293,73 @@ async fn a_checkpoint_that_cannot_make_the_deadline_is_reported_missed_and_the_p
     );
     a.cancel.cancel();
     a.task.await.expect("stops");
+}
+
+/// The log of one replica's attempt on an agent.
+fn replica_log(dir: &Path, job: JobId, replica: u32, attempt: u32) -> String {
+    std::fs::read_to_string(
+        dir.join("work/jobs")
+            .join(job.to_string())
+            .join(format!("replica-{replica}"))
+            .join(format!("attempt-{attempt}"))
+            .join("output.log"),
+    )
+    .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_node_gang_forms_from_the_rendezvous_its_starts_carry() {
+    let tmp = stubs::node_dir();
+    let store = format!("file://{}/bucket/jobs/gang", tmp.path().display());
+    let cp = ControlPlaneStub::start().await;
+    let imds = imds_url_without_notice().await;
+    // Node A finds its address towards the control plane (loopback here); node B is told one
+    // (any 127.0.0.0/8 address is this machine's).
+    let dir_a = tmp.path().join("a");
+    let dir_b = tmp.path().join("b");
+    let a = start_agent_at(&cp, &imds, &dir_a, None).await;
+    let b = start_agent_at(&cp, &imds, &dir_b, Some("127.0.0.2".parse().expect("ip"))).await;
+    for n in [a.node, b.node] {
+        eventually("both register", || cp.registered(n).then_some(())).await;
+    }
+    assert_eq!(cp.registered_address(a.node).as_deref(), Some("127.0.0.1"));
+    assert_eq!(cp.registered_address(b.node).as_deref(), Some("127.0.0.2"));
+
+    let job = JobId(uuid::Uuid::now_v7());
+    let port = spotplane_tests::free_port();
+    let peers = ["127.0.0.1", "127.0.0.2"];
+    let start = |replica: u32| {
+        json!({"type": "start", "job_id": job, "replica": replica, "attempt": 1,
+            "command": [stubs::example(tmp.path())],
+            "env": {"TRAIN_STEPS": "20", "TRAIN_STEP_MS": "20", "TRAIN_WEIGHTS_BYTES": "1000"},
+            "devices": [], "checkpoint_uri": store,
+            "rendezvous": {"rank": replica, "world_size": 2, "node_rank": replica,
+                "peers": peers, "master_addr": peers[0], "master_port": port}})
+    };
+    // Rank 1 first: it keeps trying until rank 0 listens.
+    cp.queue(b.node, start(1));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cp.queue(a.node, start(0));
+    for (n, what) in [(a.node, "rank 0 ends"), (b.node, "rank 1 ends")] {
+        let code = eventually(what, || cp.replica_exit(n, job)).await;
+        assert_eq!(code, 0, "{what}");
+    }
+    let lead = replica_log(&dir_a, job, 0, 1);
+    let other = replica_log(&dir_b, job, 1, 1);
+    let line = |rank: u32| {
+        format!(
+            "rendezvous rank={rank} world=2 node_rank={rank} master=127.0.0.1:{port} peers=127.0.0.1,127.0.0.2"
+        )
+    };
+    assert!(lead.contains(&line(0)), "{lead}");
+    assert!(
+        lead.contains("peer joined rank=1 from=127.0.0.1:"),
+        "{lead}"
+    );
+    assert!(other.contains(&line(1)), "{other}");
+    assert!(other.contains("done step=20"), "{other}");
+    for agent in [a, b] {
+        agent.cancel.cancel();
+        agent.task.await.expect("the agent stops cleanly");
+    }
 }

@@ -308,6 +308,11 @@ pub struct RecoveryConfig {
     /// The window a job preempted by the scheduler has to checkpoint.
     #[serde(with = "humantime_serde")]
     pub preempt_window: Duration,
+    /// The first port a gang's rank 0 may listen on for its rendezvous (`MASTER_PORT`).
+    pub rendezvous_port_base: u16,
+    /// How many ports from `rendezvous_port_base` on: each run of a job gets one of them, by a
+    /// hash of the job's id and the attempt (docs/agent.md, "Gangs").
+    pub rendezvous_ports: u16,
 }
 
 impl RecoveryConfig {
@@ -319,6 +324,10 @@ impl RecoveryConfig {
             backoff_base: d(self.backoff_base),
             backoff_max: d(self.backoff_max),
             preempt_window: d(self.preempt_window),
+            rendezvous_ports: spotplane_core::rendezvous::PortRange {
+                base: self.rendezvous_port_base,
+                count: self.rendezvous_ports,
+            },
             ..Default::default()
         }
     }
@@ -502,6 +511,14 @@ impl Config {
                 "recovery.retry_limit",
                 format!("must be at most {}", spotplane_core::job::MAX_RETRIES),
             );
+        }
+        if let Err(e) = (spotplane_core::rendezvous::PortRange {
+            base: self.recovery.rendezvous_port_base,
+            count: self.recovery.rendezvous_ports,
+        })
+        .check()
+        {
+            errs.push("recovery.rendezvous_ports", e);
         }
         if self.recovery.backoff_max < self.recovery.backoff_base {
             errs.push(
@@ -762,6 +779,20 @@ mod tests {
         };
         let fields: Vec<_> = errs.iter().map(|e| e.field.clone()).collect();
         assert_eq!(fields, ["secrets.key"]);
+    }
+
+    #[test]
+    fn the_rendezvous_ports_are_checked() {
+        let c = Config::embedded_default().expect("parses");
+        let ports = c.recovery.settings().rendezvous_ports;
+        assert_eq!((ports.base, ports.count), (29_500, 2_000));
+        for (base, count) in [(29_500, 0), (80, 100), (65_000, 1_000)] {
+            let mut c = Config::embedded_default().expect("parses");
+            c.recovery.rendezvous_port_base = base;
+            c.recovery.rendezvous_ports = count;
+            let fields: Vec<_> = c.validate().iter().map(|e| e.field.clone()).collect();
+            assert_eq!(fields, ["recovery.rendezvous_ports"], "{base} + {count}");
+        }
     }
 
     #[test]

@@ -1034,6 +1034,41 @@ async fn bad_agent_input_gets_a_problem_naming_the_field(backend: Backend) {
         (StatusCode::UNPROCESSABLE_ENTITY, Some("protocol_version")),
         "{v}"
     );
+    // The address gang peers connect to: an IP address, no port, not a wildcard.
+    for bad in [
+        "ip-10-0-0-1",
+        "10.0.0.1:29500",
+        "0.0.0.0",
+        "::",
+        "239.1.1.1",
+        "",
+    ] {
+        let mut body = register_body(id);
+        body["address"] = json!(bad);
+        let (s, v) = srv
+            .call(Method::POST, "/v1/agent/register", Some(&cred), Some(&body))
+            .await;
+        assert_eq!(
+            (s, v["field"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("address")),
+            "{bad:?}: {v}"
+        );
+    }
+    let mut body = register_body(id);
+    body["address"] = json!("10.0.0.1");
+    let (s, v) = srv
+        .call(Method::POST, "/v1/agent/register", Some(&cred), Some(&body))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, status) = srv
+        .call(
+            Method::GET,
+            &format!("/v1/nodes/{id}/agent"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status["address"], "10.0.0.1", "{status}");
 
     let mut hb = heartbeat(id);
     hb["telemetry"] = json!([]);
@@ -1146,7 +1181,17 @@ async fn a_failed_start_says_why_in_the_jobs_events_and_webhooks(backend: Backen
     let job = job_on(&srv, id).await;
     let now = chrono::Utc::now();
     srv.store()
-        .start_replica(job, id, 0, 1, vec!["0".into()], None, "s3://ckpt", now)
+        .start_replica(
+            job,
+            id,
+            0,
+            1,
+            vec!["0".into()],
+            None,
+            "s3://ckpt",
+            spotplane_core::rendezvous::PortRange::default(),
+            now,
+        )
         .await
         .expect("start queued");
     let (_, v) = srv

@@ -23,10 +23,11 @@ use spotplane::store::{
 };
 use spotplane_core::agent::{
     CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger, Command,
-    CommandKind, Heartbeat, NoticeSource, PROTOCOL_VERSION, RegisterRequest, ReplicaPhase,
-    ReplicaStatus, TerminationNotice,
+    CommandKind, Heartbeat, NoticeSource, PROTOCOL_VERSION, RegisterRequest, Rendezvous,
+    ReplicaPhase, ReplicaStatus, TerminationNotice,
 };
 use spotplane_core::job::{CheckpointSpec, JobSpec};
+use spotplane_core::rendezvous::PortRange;
 use spotplane_core::shape::GpuShape;
 use spotplane_core::{
     CheckpointId, Cloud, GpuModel, JobId, JobState, Market, Micros, MigLayout, NodeId, NodeState,
@@ -39,6 +40,9 @@ const OBJECTS: &str = "file:///tmp/spotplane-test-objects";
 on_both_databases!(
     a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes,
     an_elastic_gang_runs_on_while_its_lost_replicas_are_placed_again,
+    a_gangs_starts_carry_one_rendezvous_and_a_new_one_after_a_whole_restart,
+    an_elastic_gangs_replica_placed_again_joins_the_current_peers,
+    a_gang_waits_to_start_until_every_peer_has_an_address,
 );
 
 /// What an agent runs: (job, replica) -> (attempt, phase, exit code).
@@ -51,6 +55,18 @@ struct World {
     recovery: RecoveryLoop,
     agents: BTreeMap<NodeId, Replicas>,
     notices: BTreeMap<NodeId, TerminationNotice>,
+    /// Every start the agents were sent, in order.
+    starts: Vec<Start>,
+}
+
+/// A `start` an agent carried out.
+#[derive(Debug, Clone)]
+struct Start {
+    node: NodeId,
+    job: JobId,
+    replica: u32,
+    attempt: u32,
+    rendezvous: Option<Rendezvous>,
 }
 
 impl World {
@@ -59,6 +75,18 @@ impl World {
     }
 
     async fn node(&mut self, name: &str) -> NodeId {
+        self.node_at(name, None).await
+    }
+
+    /// A node whose agent registers `address` (its hostname is `name`).
+    async fn node_at(&mut self, name: &str, address: Option<&str>) -> NodeId {
+        let (id, secret) = self.unregistered_node(name).await;
+        self.register(id, name, secret, address).await;
+        id
+    }
+
+    /// A node with no agent yet: its bootstrap token.
+    async fn unregistered_node(&mut self, name: &str) -> (NodeId, String) {
         let id = NodeId(uuid::Uuid::now_v7());
         let now = self.now();
         let (_, secret) = self
@@ -91,6 +119,10 @@ impl World {
             )
             .await
             .expect("node");
+        (id, secret)
+    }
+
+    async fn register(&mut self, id: NodeId, name: &str, secret: String, address: Option<&str>) {
         let reg = self
             .store
             .register_agent(
@@ -105,15 +137,14 @@ impl World {
                     memory_mib: 16_384,
                     gpus: vec![],
                     container_engine: None,
-                    address: None,
+                    address: address.map(str::to_owned),
                 },
-                now,
+                self.now(),
             )
             .await
             .expect("register");
         assert!(matches!(reg, Registration::Registered { .. }), "{reg:?}");
         self.agents.insert(id, BTreeMap::new());
-        id
     }
 
     /// One heartbeat of every agent; the commands they get are carried out at once: starts run,
@@ -164,8 +195,16 @@ impl World {
                 job_id,
                 replica,
                 attempt,
+                rendezvous,
                 ..
             } => {
+                self.starts.push(Start {
+                    node,
+                    job: job_id,
+                    replica,
+                    attempt,
+                    rendezvous,
+                });
                 self.agents
                     .entry(node)
                     .or_default()
@@ -311,6 +350,7 @@ async fn world(backend: Backend) -> (TestDb, World, String) {
         clock,
         agents: BTreeMap::new(),
         notices: BTreeMap::new(),
+        starts: Vec::new(),
     };
     let team = w
         .store
@@ -703,5 +743,259 @@ async fn an_elastic_gang_runs_on_while_its_lost_replicas_are_placed_again(backen
     }
     w.rounds(2, Duration::seconds(1)).await;
     assert_eq!(w.job(id).await.state, JobState::Succeeded);
+    db.cleanup().await;
+}
+
+impl World {
+    /// The starts of one attempt of the job, by replica.
+    fn starts_of(&self, job: JobId, attempt: u32) -> BTreeMap<u32, Start> {
+        self.starts
+            .iter()
+            .filter(|s| s.job == job && s.attempt == attempt)
+            .map(|s| (s.replica, s.clone()))
+            .collect()
+    }
+
+    /// The replica running on `node` for the job, and its attempt.
+    fn running_on(&self, job: JobId, node: NodeId) -> Option<(u32, u32)> {
+        self.agents
+            .get(&node)?
+            .iter()
+            .find_map(|((j, r), (a, phase, _))| {
+                (*j == job && *phase == ReplicaPhase::Running).then_some((*r, *a))
+            })
+    }
+}
+
+/// Every start of `starts` (one per replica of a gang of `world`) carries the same peers,
+/// master and port, its own rank, the address of its node at its rank, and node ranks
+/// numbered in rank order; returns the peers.
+fn assert_one_rendezvous(
+    starts: &BTreeMap<u32, Start>,
+    world: u32,
+    addresses: &BTreeMap<NodeId, &str>,
+    port: u16,
+) -> Vec<String> {
+    assert_eq!(
+        starts.keys().copied().collect::<Vec<_>>(),
+        (0..world).collect::<Vec<_>>(),
+        "{starts:?}"
+    );
+    let peers: Vec<String> = (0..world)
+        .map(|r| addresses[&starts[&r].node].to_owned())
+        .collect();
+    let mut node_ranks: Vec<NodeId> = Vec::new();
+    for (r, s) in starts {
+        let rv = s
+            .rendezvous
+            .clone()
+            .expect("every start carries a rendezvous");
+        let node_rank = match node_ranks.iter().position(|n| *n == s.node) {
+            Some(i) => i,
+            None => {
+                node_ranks.push(s.node);
+                node_ranks.len() - 1
+            }
+        };
+        assert_eq!(
+            rv,
+            Rendezvous {
+                rank: *r,
+                world_size: world,
+                node_rank: u32::try_from(node_rank).expect("small"),
+                peers: peers.clone(),
+                master_addr: peers[0].clone(),
+                master_port: port,
+            },
+            "replica {r}"
+        );
+    }
+    peers
+}
+
+async fn a_gangs_starts_carry_one_rendezvous_and_a_new_one_after_a_whole_restart(backend: Backend) {
+    let (db, mut w, team_id) = world(backend).await;
+    let a = w.node_at("a", Some("10.0.0.1")).await;
+    let b = w.node_at("b", Some("10.0.0.2")).await;
+    // An agent that gave no address: its peers get its hostname.
+    let c = w.node_at("c.internal", None).await;
+    let mut addresses: BTreeMap<NodeId, &str> =
+        [(a, "10.0.0.1"), (b, "10.0.0.2"), (c, "c.internal")].into();
+    let id = w.submit(&team_id, gang("gang", 3)).await;
+    w.rounds(4, Duration::seconds(5)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.attempt), (JobState::Running, 1), "{j:?}");
+    let ports = PortRange::default();
+    let first = w.starts_of(id, 1);
+    let peers = assert_one_rendezvous(&first, 3, &addresses, ports.port(id, 1));
+    let mut sorted = peers.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["10.0.0.1", "10.0.0.2", "c.internal"]);
+
+    // Replica 1's node vanishes; the whole gang restarts on the others and a new node: the
+    // new attempt's starts name the new node and use the new attempt's port.
+    w.clock.advance(Duration::seconds(60));
+    let gone = first[&1].node;
+    w.vanish(gone).await;
+    let d = w.node_at("d", Some("fd00::4")).await;
+    addresses.insert(d, "fd00::4");
+    w.rounds(6, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.attempt), (JobState::Running, 2), "{j:?}");
+    let second = w.starts_of(id, 2);
+    let peers = assert_one_rendezvous(&second, 3, &addresses, ports.port(id, 2));
+    assert!(peers.iter().any(|p| p == "fd00::4"), "{peers:?}");
+    assert!(
+        !peers.contains(&addresses[&gone].to_owned()),
+        "the lost node is no peer: {peers:?}"
+    );
+    assert_ne!(ports.port(id, 1), ports.port(id, 2));
+    db.cleanup().await;
+}
+
+async fn an_elastic_gangs_replica_placed_again_joins_the_current_peers(backend: Backend) {
+    let (db, mut w, team_id) = world(backend).await;
+    let mut addresses: BTreeMap<NodeId, &str> = BTreeMap::new();
+    for (name, ip) in [("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3")] {
+        let n = w.node_at(name, Some(ip)).await;
+        addresses.insert(n, ip);
+    }
+    let mut spec = gang("elastic", 3);
+    spec.elastic = true;
+    let id = w.submit(&team_id, spec).await;
+    w.rounds(4, Duration::seconds(5)).await;
+    assert_eq!(w.job(id).await.state, JobState::Running);
+    let ports = PortRange::default();
+    let first = w.starts_of(id, 1);
+    assert_one_rendezvous(&first, 3, &addresses, ports.port(id, 1));
+
+    // Replica 2's node vanishes: it alone is placed again, on d, as attempt 2. It gets the
+    // current peers (d's address at rank 2) and the master and port the survivors use.
+    w.clock.advance(Duration::seconds(60));
+    w.vanish(first[&2].node).await;
+    let d = w.node_at("d", Some("10.0.0.4")).await;
+    addresses.insert(d, "10.0.0.4");
+    w.rounds(4, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.attempt), (JobState::Running, 2), "{j:?}");
+    let again = w.starts_of(id, 2);
+    assert_eq!(again.keys().copied().collect::<Vec<_>>(), [2]);
+    let rv = again[&2].rendezvous.clone().expect("a rendezvous");
+    let survivors = first[&0].rendezvous.clone().expect("a rendezvous");
+    assert_eq!(rv.rank, 2);
+    assert_eq!(
+        rv.peers,
+        [
+            addresses[&first[&0].node],
+            addresses[&first[&1].node],
+            "10.0.0.4"
+        ]
+    );
+    assert_eq!(rv.node_rank, 2);
+    assert_eq!(
+        (&rv.master_addr, rv.master_port),
+        (&survivors.master_addr, survivors.master_port),
+        "it joins the master the survivors formed with"
+    );
+    for r in [0, 1] {
+        assert_eq!(
+            w.running_on(id, first[&r].node),
+            Some((r, 1)),
+            "replica {r} ran on with its rank"
+        );
+    }
+
+    // Now rank 0's node vanishes: replica 0 placed again on e is the new master, on the port
+    // of its attempt.
+    w.clock.advance(Duration::seconds(60));
+    w.vanish(first[&0].node).await;
+    let e = w.node_at("e", Some("10.0.0.5")).await;
+    addresses.insert(e, "10.0.0.5");
+    w.rounds(4, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!((j.state, j.attempt), (JobState::Running, 3), "{j:?}");
+    let third = w.starts_of(id, 3);
+    let rv = third[&0].rendezvous.clone().expect("a rendezvous");
+    assert_eq!(
+        rv.peers,
+        ["10.0.0.5", addresses[&first[&1].node], "10.0.0.4"]
+    );
+    assert_eq!(
+        (
+            rv.rank,
+            rv.node_rank,
+            rv.master_addr.as_str(),
+            rv.master_port
+        ),
+        (0, 0, "10.0.0.5", ports.port(id, 3))
+    );
+    db.cleanup().await;
+}
+
+async fn a_gang_waits_to_start_until_every_peer_has_an_address(backend: Backend) {
+    let (db, mut w, team_id) = world(backend).await;
+    let a = w.node_at("a", Some("10.0.0.1")).await;
+    // Node x is up (as a simulated cloud's running instance is) but its agent has not
+    // registered: nobody knows its address yet.
+    let (x, secret) = w.unregistered_node("x").await;
+    w.store
+        .transition_node(x, NodeState::Ready, None, w.now())
+        .await
+        .expect("ready");
+    let id = w.submit(&team_id, gang("gang", 2)).await;
+    w.rounds(3, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!(j.state, JobState::Starting, "{j:?}");
+    let mut on = w.nodes_of(id).await;
+    on.sort();
+    let mut both = vec![a, x];
+    both.sort();
+    assert_eq!(on, both, "placed on both");
+    assert!(
+        w.starts_of(id, 1).is_empty(),
+        "no replica started: {:?}",
+        w.starts
+    );
+    // Its agent registers: the gang starts, with x's address.
+    w.register(x, "x", secret, Some("10.0.0.9")).await;
+    w.rounds(3, Duration::seconds(2)).await;
+    let j = w.job(id).await;
+    assert_eq!(j.state, JobState::Running, "{j:?}");
+    let addresses: BTreeMap<NodeId, &str> = [(a, "10.0.0.1"), (x, "10.0.0.9")].into();
+    assert_one_rendezvous(
+        &w.starts_of(id, 1),
+        2,
+        &addresses,
+        PortRange::default().port(id, 1),
+    );
+
+    // A gang on one node whose agent has not registered yet starts at once, on loopback.
+    let (y, _) = w.unregistered_node("y").await;
+    w.store
+        .transition_node(y, NodeState::Ready, None, w.now())
+        .await
+        .expect("ready");
+    let mut spec = gang("alone", 1);
+    spec.checkpoint = None;
+    let alone = w.submit(&team_id, spec).await;
+    w.rounds(2, Duration::seconds(2)).await;
+    assert_eq!(w.nodes_of(alone).await, [y]);
+    let cmds = w
+        .store
+        .agent_commands(y, &spotplane::model::PageRequest::first(100))
+        .await
+        .expect("commands");
+    let rv = cmds
+        .items
+        .iter()
+        .find_map(|c| match &c.command.kind {
+            CommandKind::Start { rendezvous, .. } => rendezvous.clone(),
+            _ => None,
+        })
+        .expect("its start is queued for the agent to come");
+    assert_eq!(
+        (rv.peers, rv.master_addr),
+        (vec!["127.0.0.1".to_owned()], "127.0.0.1".to_owned())
+    );
     db.cleanup().await;
 }

@@ -26,6 +26,11 @@ pub const DEFAULT_MEMORY_MIB: u64 = 4096;
 pub const DEFAULT_CHECKPOINT_INTERVAL_S: u32 = 600;
 /// Environment variables spotplane sets for the workload; users may not set these prefixes.
 pub const RESERVED_ENV_PREFIX: &str = "SPOTPLANE_";
+/// The rendezvous names spotplane sets for every replica besides its `SPOTPLANE_*` ones, as
+/// torchrun and PyTorch read them (docs/agent.md, "Gangs"); users may not set these either.
+pub const RENDEZVOUS_ENV: [&str; 4] = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"];
+
+const RENDEZVOUS_ENV_MESSAGE: &str = "is set by spotplane for every replica (its gang's rendezvous: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)";
 
 /// Named priority classes. Numbers are allowed too; these are their values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -442,6 +447,8 @@ impl JobSpec {
                     format!("env.{k}"),
                     format!("names starting with {RESERVED_ENV_PREFIX} are set by spotplane"),
                 );
+            } else if RENDEZVOUS_ENV.contains(&k.as_str()) {
+                errs.push(format!("env.{k}"), RENDEZVOUS_ENV_MESSAGE);
             }
             if v.len() > 32 * 1024 {
                 errs.push(format!("env.{k}"), "values must be at most 32768 bytes");
@@ -464,6 +471,8 @@ impl JobSpec {
                     format!("secrets.{k}"),
                     format!("names starting with {RESERVED_ENV_PREFIX} are set by spotplane"),
                 );
+            } else if RENDEZVOUS_ENV.contains(&k.as_str()) {
+                errs.push(format!("secrets.{k}"), RENDEZVOUS_ENV_MESSAGE);
             } else if self.env.contains_key(k) {
                 errs.push(
                     format!("secrets.{k}"),
@@ -799,6 +808,46 @@ mod tests {
                 "regions[0]"
             ]
         );
+    }
+
+    #[test]
+    fn the_rendezvous_names_are_spotplanes_to_set() {
+        let base = JobSpec::new(
+            "a",
+            GpuShape::Whole {
+                gpus: 1,
+                models: vec![],
+            },
+            vec!["x".into()],
+        );
+        for name in ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"] {
+            let mut spec = base.clone();
+            spec.env.insert(name.into(), "0".into());
+            let errs = spec.validate(now()).into_vec();
+            assert_eq!(errs.len(), 1, "{name}: {errs:?}");
+            assert_eq!(errs[0].field, format!("env.{name}"));
+            assert!(errs[0].message.contains("set by spotplane"), "{errs:?}");
+            let mut spec = base.clone();
+            spec.secrets.insert(name.into(), "some-secret".into());
+            let fields: Vec<String> = spec
+                .validate(now())
+                .iter()
+                .map(|e| e.field.clone())
+                .collect();
+            assert_eq!(fields, [format!("secrets.{name}")]);
+        }
+        // Names torchrun sets for its own workers, and look-alikes, are the job's to use.
+        let mut spec = base.clone();
+        for name in [
+            "LOCAL_RANK",
+            "NODE_RANK",
+            "NNODES",
+            "RANKS",
+            "MASTER_ADDRESS",
+        ] {
+            spec.env.insert(name.into(), "1".into());
+        }
+        assert!(spec.validate(now()).is_empty());
     }
 
     #[test]

@@ -20,6 +20,11 @@
 //!   the host instead, and the job (allowed no retry) fails.
 //! - Logs: followed live with `spotplane job logs -f`, still readable (by the job's team only)
 //!   after the node vanished, and archived beside the checkpoints.
+//! - A two-node gang forms: rank 0 of the example workload listens at the master address and
+//!   port its start carried, rank 1 connects, and both print the same rendezvous. Every agent
+//!   advertises an address of its own in 127.0.0.0/8 (all of it is this machine's), so the
+//!   peers named are the nodes' own; the gang tests above check the rendezvous of each new
+//!   attempt too.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -40,6 +45,8 @@ enum Db {
 }
 
 type Agents = Arc<Mutex<HashMap<String, Child>>>;
+/// The address each node's agent advertises, by node id.
+type Addresses = Arc<Mutex<HashMap<String, String>>>;
 
 struct Cluster {
     dir: tempfile::TempDir,
@@ -47,6 +54,7 @@ struct Cluster {
     config: PathBuf,
     serve: Proc,
     agents: Agents,
+    addresses: Addresses,
     launcher: tokio::task::JoinHandle<()>,
     http: reqwest::Client,
     restarts: u32,
@@ -143,7 +151,17 @@ fn kill_agent(agents: &Agents, node: &str) {
 
 /// Starts an agent for every node the control plane buys, as the cloud would boot one with the
 /// agent in its user data; kills it when the node is gone. `engine` are its container flags.
-async fn launch_agents(url: String, dir: PathBuf, agents: Agents, engine: Vec<String>) {
+/// Each advertises an address of its own, `127.<net>.<n>` (every 127.0.0.0/8 address is this
+/// machine's; `net` apart for each cluster, so gangs of tests side by side never share a master
+/// address).
+async fn launch_agents(
+    url: String,
+    dir: PathBuf,
+    agents: Agents,
+    engine: Vec<String>,
+    addresses: Addresses,
+    net: [u8; 2],
+) {
     let http = reqwest::Client::new();
     let mut launched: HashSet<String> = HashSet::new();
     loop {
@@ -193,6 +211,8 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents, engine: Vec<St
             std::fs::write(&token_file, token).expect("token file");
             let cloud = n["cloud"].as_str().unwrap_or("aws").to_owned();
             let name = instance.rsplit('/').next().unwrap_or(instance);
+            let n = launched.len() % 254 + 1;
+            let address = format!("127.{}.{}.{n}", net[0], net[1]);
             let log = std::fs::File::create(work.join("agent.log")).expect("log");
             let child = Command::new(bin("spotplane-agent"))
                 .args(["run", "--control-plane", &url, "--cloud", &cloud])
@@ -205,6 +225,7 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents, engine: Vec<St
                 .arg("--work-dir")
                 .arg(&work)
                 .args(["--drain-grace", "5s"])
+                .args(["--advertise-address", &address])
                 .args(spotplane_tests::agent_isolation_args())
                 .args(&engine)
                 .env("RUST_LOG", "info")
@@ -213,6 +234,10 @@ async fn launch_agents(url: String, dir: PathBuf, agents: Agents, engine: Vec<St
                 .spawn()
                 .expect("agent starts");
             launched.insert(id.clone());
+            addresses
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.clone(), address);
             agents
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -239,11 +264,14 @@ impl Cluster {
         } else {
             vec!["--container-runtime".into(), "none".into()]
         };
+        let addresses: Addresses = Arc::default();
         let launcher = tokio::spawn(launch_agents(
             url.clone(),
             dir.path().to_owned(),
             agents.clone(),
             engine,
+            addresses.clone(),
+            port.to_be_bytes(),
         ));
         Cluster {
             dir,
@@ -251,6 +279,7 @@ impl Cluster {
             config,
             serve,
             agents,
+            addresses,
             launcher,
             http: reqwest::Client::new(),
             restarts: 0,
@@ -512,6 +541,96 @@ fn step_of(line: &str, prefix: &str) -> Option<u64> {
         .rev()
         .filter_map(|l| l.strip_prefix(prefix))
         .find_map(|r| r.split_whitespace().next()?.parse().ok())
+}
+
+/// What a replica of the example workload printed when its gang formed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Formed {
+    rank: u64,
+    world: u64,
+    node_rank: u64,
+    /// `ADDR:PORT`.
+    master: String,
+    peers: Vec<String>,
+}
+
+/// The last `rendezvous rank=R world=N node_rank=K master=A:P peers=…` line of an output.
+fn formed(output: &str) -> Option<Formed> {
+    let line = output
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("rendezvous "))?;
+    let fields: HashMap<&str, &str> = line
+        .split_whitespace()
+        .filter_map(|f| f.split_once('='))
+        .collect();
+    Some(Formed {
+        rank: fields.get("rank")?.parse().ok()?,
+        world: fields.get("world")?.parse().ok()?,
+        node_rank: fields.get("node_rank")?.parse().ok()?,
+        master: (*fields.get("master")?).to_owned(),
+        peers: fields.get("peers")?.split(',').map(str::to_owned).collect(),
+    })
+}
+
+impl Cluster {
+    /// The address the agent of `node` advertises.
+    fn address(&self, node: &str) -> String {
+        self.addresses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+            .cloned()
+            .unwrap_or_else(|| panic!("no agent was started for node {node}"))
+    }
+
+    /// Waits until every replica's latest attempt (`attempt` at least) printed its rendezvous;
+    /// returns them by replica.
+    async fn gang_formed(&self, job: &str, replicas: u32, attempt: u32) -> BTreeMap<u32, Formed> {
+        self.until(
+            &format!("the gang of job {job} formed (attempt {attempt})"),
+            120,
+            async || {
+                let mut out = BTreeMap::new();
+                for r in 0..replicas {
+                    let outputs = self.replica_outputs(job, r);
+                    let (a, text) = outputs.last()?;
+                    if *a < attempt {
+                        return None;
+                    }
+                    out.insert(r, formed(text)?);
+                }
+                Some(out)
+            },
+        )
+        .await
+    }
+
+    /// The peers a gang placed as `placed` (replica -> node) must name, in rank order.
+    fn peers_of(&self, placed: &BTreeMap<u64, (String, String, String)>) -> Vec<String> {
+        placed.values().map(|(n, _, _)| self.address(n)).collect()
+    }
+}
+
+/// Every replica formed the same gang: its own rank, the peers and master given.
+fn assert_one_gang(formed: &BTreeMap<u32, Formed>, peers: &[String]) {
+    let master = &formed[&0].master;
+    assert!(
+        master.starts_with(&format!("{}:", peers[0])),
+        "rank 0's node is the master: {formed:?}"
+    );
+    let port: u16 = master
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a port");
+    assert!((29_500..31_500).contains(&port), "{port}");
+    for (r, f) in formed {
+        assert_eq!(u64::from(*r), f.rank, "{formed:?}");
+        assert_eq!(f.world, peers.len() as u64, "{formed:?}");
+        assert_eq!(&f.master, master, "replica {r}: {formed:?}");
+        assert_eq!(f.peers, peers, "replica {r}: {formed:?}");
+    }
 }
 
 /// The example workload as a job: `steps` steps of 50 ms, a checkpoint every `interval_s`
@@ -783,9 +902,14 @@ async fn a_four_replica_gang_losing_one_node_restarts_whole_from_one_round(db: D
     // Four replicas on four one-GPU nodes, a checkpoint round every 30 simulated seconds.
     let job = c.submit_gang("gang", 4, 500, 30).await;
     running(&c, &job, 1).await;
-    let nodes = c.placement(&job).await;
+    let placed = c.replica_nodes(&job).await;
+    let nodes: Vec<(String, String, String)> = placed.values().cloned().collect();
     let distinct: HashSet<&String> = nodes.iter().map(|(n, _, _)| n).collect();
     assert_eq!(distinct.len(), 4, "one replica per node: {nodes:?}");
+    let first = c.gang_formed(&job, 4, 1).await;
+    assert_one_gang(&first, &c.peers_of(&placed));
+    let node_ranks: Vec<u64> = first.values().map(|f| f.node_rank).collect();
+    assert_eq!(node_ranks, [0, 1, 2, 3], "a node each");
     c.every_replica_checkpointed(&job, 4).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // One node vanishes; its machine (agent and workload) with it.
@@ -800,6 +924,14 @@ async fn a_four_replica_gang_losing_one_node_restarts_whole_from_one_round(db: D
         .filter_map(|r| resume[r.to_string()]["completed_at"].as_str())
         .collect();
     assert_eq!(times.len(), 4, "{resume}");
+    // The new attempt formed anew, with the nodes it runs on now.
+    let again = c.replica_nodes(&job).await;
+    let peers = c.peers_of(&again);
+    assert!(
+        !peers.contains(&c.address(&node)),
+        "the lost node is no peer: {peers:?}"
+    );
+    assert_one_gang(&c.gang_formed(&job, 4, 2).await, &peers);
     succeeded(&c, &job).await;
     for r in 0..4 {
         let outputs = c.replica_outputs(&job, r);
@@ -823,6 +955,8 @@ async fn an_elastic_gang_losing_one_node_keeps_its_survivors(db: Db) {
     running(&c, &job, 1).await;
     let placed = c.replica_nodes(&job).await;
     assert_eq!(placed.len(), 4, "{placed:?}");
+    let first = c.gang_formed(&job, 4, 1).await;
+    assert_one_gang(&first, &c.peers_of(&placed));
     c.every_replica_checkpointed(&job, 4).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Replica 1's node vanishes, its agent and workload with it.
@@ -838,6 +972,29 @@ async fn an_elastic_gang_losing_one_node_keeps_its_survivors(db: Db) {
         })
         .await;
     assert!(j["lost_gpu_seconds"].as_i64().unwrap_or(0) > 0, "{j}");
+    // Replica 1 joined the survivors' gang: the master they formed with, the peers as they are
+    // now (its new node at rank 1); rank 0 saw it come back.
+    let now = c.replica_nodes(&job).await;
+    let rejoined = c
+        .until("replica 1 rejoined", 120, async || {
+            let outputs = c.replica_outputs(&job, 1);
+            let (a, text) = outputs.last()?;
+            (*a == 2).then_some(())?;
+            formed(text)
+        })
+        .await;
+    assert_eq!(rejoined.master, first[&0].master);
+    assert_eq!(rejoined.peers, c.peers_of(&now));
+    assert_eq!(rejoined.peers[1], c.address(&now[&1].0));
+    assert_ne!(rejoined.peers[1], c.address(&node));
+    c.until("rank 0 saw replica 1 rejoin", 60, async || {
+        let outputs = c.replica_outputs(&job, 0);
+        outputs
+            .last()
+            .is_some_and(|(_, text)| text.contains("peer rejoined rank=1"))
+            .then_some(())
+    })
+    .await;
     let j = succeeded(&c, &job).await;
     for r in 0..4 {
         let outputs = c.replica_outputs(&job, r);
@@ -1008,6 +1165,37 @@ async fn a_followed_jobs_output_arrives_live_and_outlives_its_node(db: Db) {
     c.stop().await;
 }
 
+async fn a_two_node_gang_forms_through_the_rendezvous_of_its_starts(db: Db) {
+    let c = setup_with(db, true).await;
+    let job = c.submit_gang("pair", 2, 200, 3600).await;
+    running(&c, &job, 1).await;
+    let placed = c.replica_nodes(&job).await;
+    assert_eq!(placed.len(), 2, "{placed:?}");
+    assert_ne!(placed[&0].0, placed[&1].0, "two nodes: {placed:?}");
+    let gang = c.gang_formed(&job, 2, 1).await;
+    let peers = c.peers_of(&placed);
+    assert_one_gang(&gang, &peers);
+    assert_eq!(
+        gang.values().map(|f| f.node_rank).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    assert_ne!(peers[0], peers[1], "each node its own address");
+    // Rank 0 really heard from rank 1.
+    let lead = &c.replica_outputs(&job, 0)[0].1;
+    assert!(lead.contains("peer joined rank=1 from="), "{lead}");
+    succeeded(&c, &job).await;
+    for r in 0..2 {
+        let outputs = c.replica_outputs(&job, r);
+        let text = &outputs.last().expect("ran").1;
+        assert_eq!(
+            step_of(text, "done step="),
+            Some(200),
+            "replica {r}: {text}"
+        );
+    }
+    c.stop().await;
+}
+
 macro_rules! on_both_databases {
     ($($name:ident),* $(,)?) => {
         $(
@@ -1035,4 +1223,5 @@ on_both_databases!(
     a_four_replica_gang_losing_one_node_restarts_whole_from_one_round,
     an_elastic_gang_losing_one_node_keeps_its_survivors,
     a_followed_jobs_output_arrives_live_and_outlives_its_node,
+    a_two_node_gang_forms_through_the_rendezvous_of_its_starts,
 );

@@ -206,6 +206,14 @@ impl ControlPlaneStub {
         lock(&self.state).registered.get(&node).cloned()
     }
 
+    /// The address the node's agent registered, if it gave one.
+    pub fn registered_address(&self, node: NodeId) -> Option<String> {
+        lock(&self.state)
+            .registered
+            .get(&node)
+            .and_then(|r| r.address.clone())
+    }
+
     pub fn exchanges(&self) -> usize {
         lock(&self.state).exchanges
     }

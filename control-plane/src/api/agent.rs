@@ -118,6 +118,19 @@ fn validate_register(req: &RegisterRequest) -> FieldErrors {
     if req.gpus.len() > 64 {
         errs.push("gpus", "at most 64 GPUs");
     }
+    if let Some(a) = &req.address {
+        // Gang peers connect to it: an IP address of the node's own, without a port.
+        match a.parse::<std::net::IpAddr>() {
+            Ok(ip) if ip.is_unspecified() || ip.is_multicast() => {
+                errs.push("address", format!("{ip} cannot be connected to"));
+            }
+            Ok(_) => {}
+            Err(_) => errs.push(
+                "address",
+                "must be an IP address without a port, such as 10.0.3.7 or fd00::7",
+            ),
+        }
+    }
     errs
 }
 

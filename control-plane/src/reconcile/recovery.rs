@@ -152,6 +152,7 @@ impl RecoveryLoop {
                         devices.clone(),
                         resume_from.as_ref().map(|p| p.uri.clone()),
                         &self.default_root,
+                        self.settings.rendezvous_ports,
                         now,
                     )
                     .await?;

@@ -9,7 +9,9 @@
 //! transaction, and anything that changed meanwhile is simply seen again next round.
 //!
 //! The rules, per job:
-//! - `admitted`: queue a `start` for every replica (restoring its resume point), then `starting`.
+//! - `admitted`: queue a `start` for every replica (restoring its resume point), then `starting`;
+//!   a start that could not be queued yet (the gang's rendezvous needs the address of a node
+//!   whose agent has not registered) is queued again in a later round.
 //! - `starting`: `running` once every replica runs; back to the queue (no work lost) if a node
 //!   goes before it does.
 //! - `running`: `succeeded` once every replica exited 0; a replica that exits otherwise is a
@@ -41,6 +43,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use spotplane_core::agent::ReplicaPhase;
+use spotplane_core::rendezvous::PortRange;
 use spotplane_core::{CheckpointId, JobId, JobState, NodeId, NodeState};
 
 #[cfg(test)]
@@ -76,6 +79,8 @@ pub struct Settings {
     /// How much earlier than the control plane heard of a notice the agent may have begun
     /// its checkpoint for it (it sees the notice first; clocks differ a little).
     pub notice_skew: Duration,
+    /// The ports a gang's rank 0 listens on for its rendezvous (`MASTER_PORT`).
+    pub rendezvous_ports: PortRange,
 }
 
 impl Default for Settings {
@@ -90,6 +95,7 @@ impl Default for Settings {
             round_spread: Duration::seconds(60),
             preempt_window: Duration::minutes(5),
             notice_skew: Duration::seconds(5),
+            rendezvous_ports: PortRange::default(),
         }
     }
 }
@@ -532,10 +538,9 @@ fn plan_job(r: &Round, j: &JobView, out: &mut Vec<Action>) -> bool {
                 drain_commands(r, j, out);
                 return true;
             }
-            // Replicas of an elastic job placed again while the others run.
-            if j.state == JobState::Running {
-                start_waiting(j, out);
-            }
+            // Replicas of an elastic job placed again while the others run, and any replica
+            // whose start had to wait (a gang whose peers' agents had not registered yet).
+            start_waiting(j, out);
             if j.state == JobState::Starting
                 && j.allocs.iter().all(|a| {
                     matches!(

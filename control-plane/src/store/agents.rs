@@ -50,6 +50,10 @@ pub struct AgentStatus {
     pub protocol_version: u32,
     pub agent_version: String,
     pub hostname: String,
+    /// The private address the agent registered, where gang peers reach the node (its
+    /// hostname is used when it gave none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     pub instance_id: Option<String>,
     /// The GPUs the agent found at registration; empty on a node without a driver.
     pub gpus: Vec<GpuInfo>,
@@ -159,6 +163,7 @@ fn status_from_row(row: node_agent::Model) -> Result<AgentStatus, StoreError> {
             .map_err(|e| StoreError::corrupt("node_agents", &id, e))?,
         agent_version: row.agent_version,
         hostname: row.hostname,
+        address: row.address,
         instance_id: row.instance_id,
         gpus: from_json("node_agents", &id, row.inventory)?,
         registered_at: row.registered_at,

@@ -7,9 +7,12 @@ use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect, TransactionTrait};
 use serde_json::json;
-use spotplane_core::agent::{CommandKind, GpuInfo, ReplicaPhase, ReplicaStatus, TerminationNotice};
+use spotplane_core::agent::{
+    CommandKind, GpuInfo, Rendezvous, ReplicaPhase, ReplicaStatus, TerminationNotice,
+};
 use spotplane_core::job::JobSpec;
 use spotplane_core::mig::{MigInstance, MigLayout};
+use spotplane_core::rendezvous::{self, AgentAddress, Member, PortRange};
 use spotplane_core::{CheckpointId, JobId, JobState, NodeId, NodeState};
 
 use super::agents::{CHECKPOINT_COMPLETE, PHASE_START_FAILED};
@@ -300,7 +303,11 @@ impl Store {
 
     /// Queues a replica's `start` and marks its allocation started, in one transaction. The
     /// command carries the job's command line, image, environment and checkpoint prefix (its own
-    /// `checkpoint.uri`, else `<default_root>/jobs/<id>`).
+    /// `checkpoint.uri`, else `<default_root>/jobs/<id>`), and the gang's rendezvous worked out
+    /// from the job's current allocations and their nodes' agents (`rendezvous::gang`, with
+    /// the master port from `ports`). A gang that cannot form yet (a peer's node without a
+    /// registered agent, a replica not placed) is a conflict, nothing written: the recovery
+    /// loop tries again next round.
     #[allow(clippy::too_many_arguments)]
     pub async fn start_replica(
         &self,
@@ -311,6 +318,7 @@ impl Store {
         devices: Vec<String>,
         resume_from: Option<String>,
         default_root: &str,
+        ports: PortRange,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         self.measured("start_replica", || async {
@@ -335,6 +343,7 @@ impl Store {
                     "replica {replica} of job {job_id} (attempt {attempt}) is not waiting to start on node {node_id}"
                 )));
             }
+            let rendezvous = gang_rendezvous(&txn, job_id, &spec, replica, ports).await?;
             let checkpoint_uri = checkpoint_prefix(&spec, job_id, default_root);
             let kind = CommandKind::Start {
                 job_id,
@@ -347,7 +356,7 @@ impl Store {
                 checkpoint_uri,
                 resume_from: resume_from.clone(),
                 secrets: !spec.secrets.is_empty() || spec.image_pull_secret.is_some(),
-                rendezvous: None,
+                rendezvous: Some(rendezvous),
                 limits: Some(spotplane_core::agent::ReplicaLimits {
                     cpu_milli: spec.cpu_milli,
                     memory_mib: spec.memory_mib,
@@ -655,6 +664,63 @@ impl Store {
         })
         .await
     }
+}
+
+/// The rendezvous of one replica of a job, from the job's current allocations and how their
+/// nodes' agents registered, as the transaction sees them.
+async fn gang_rendezvous<C: sea_orm::ConnectionTrait>(
+    txn: &C,
+    job_id: JobId,
+    spec: &JobSpec,
+    replica: u32,
+    ports: PortRange,
+) -> Result<Rendezvous, StoreError> {
+    let allocs = allocation::Entity::find()
+        .filter(allocation::Column::JobId.eq(job_id.to_string()))
+        .filter(allocation::Column::ReleasedAt.is_null())
+        .all(txn)
+        .await?;
+    let node_ids: Vec<String> = allocs
+        .iter()
+        .map(|a| a.node_id.clone())
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let agents: HashMap<String, AgentAddress> = node_agent::Entity::find()
+        .filter(node_agent::Column::NodeId.is_in(node_ids))
+        .all(txn)
+        .await?
+        .into_iter()
+        .map(|a| {
+            (
+                a.node_id,
+                AgentAddress {
+                    address: a.address,
+                    hostname: a.hostname,
+                },
+            )
+        })
+        .collect();
+    let mut members = Vec::with_capacity(allocs.len());
+    for a in &allocs {
+        members.push(Member {
+            replica: u32::try_from(a.replica)
+                .map_err(|e| StoreError::corrupt("allocations", &a.id, e))?,
+            attempt: u32::try_from(a.attempt)
+                .map_err(|e| StoreError::corrupt("allocations", &a.id, e))?,
+            node: parse_col("allocations", &a.id, &a.node_id)?,
+            agent: agents.get(&a.node_id).cloned(),
+        });
+    }
+    let waits = |why: String| {
+        StoreError::Conflict(format!(
+            "replica {replica} of job {job_id} waits to start: {why}"
+        ))
+    };
+    rendezvous::gang(job_id, spec.replicas, &members, ports)
+        .map_err(|e| waits(e.to_string()))?
+        .rendezvous(replica)
+        .ok_or_else(|| waits(format!("replica {replica} is not in its gang")))
 }
 
 async fn reload<C: sea_orm::ConnectionTrait>(txn: &C, id: JobId) -> Result<job::Model, StoreError> {
