@@ -25,7 +25,9 @@ use spotplane_core::shape::GpuShape;
 use spotplane_core::{CheckpointId, Cloud, CommandId, JobId, NodeId, NodeState};
 use spotplane_providers::registry::Providers;
 
-use crate::store::{AgentCaller, Registration, Store, StoreError, new_uuid};
+use crate::store::{
+    AgentCaller, LogRetention, NewLogChunk, Registration, Store, StoreError, new_uuid,
+};
 
 /// What the simulated agents saw, for the demo's and the replay's figures.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -59,6 +61,55 @@ struct Replica {
     checkpoint: Option<InFlight>,
     /// Stop once the checkpoint in flight is done (a drain).
     stop_after: bool,
+    /// Bytes of simulated output written so far (the next line's offset).
+    output_at: u64,
+    /// Its exit has been written to its output (the last line).
+    output_closed: bool,
+}
+
+/// Appends a line of a simulated replica's output: what a workload would print, as a real
+/// agent ships it (`POST /v1/agent/logs`), so `spotplane job logs` reads the demo's jobs too.
+fn say(
+    out: &mut Vec<(NodeId, NewLogChunk)>,
+    node: NodeId,
+    (job, replica): (JobId, u32),
+    r: &mut Replica,
+    line: String,
+) {
+    if r.output_closed {
+        return;
+    }
+    let data = format!("[simulated] {line}\n").into_bytes();
+    let offset = r.output_at;
+    r.output_at += data.len() as u64;
+    let eof = r.phase == ReplicaPhase::Exited;
+    r.output_closed = eof;
+    out.push((
+        node,
+        NewLogChunk {
+            job_id: job,
+            replica,
+            attempt: r.attempt,
+            offset,
+            data,
+            eof,
+        },
+    ));
+}
+
+/// Writes the exit of every replica of `a` that exited since it was last looked at.
+fn say_exits(out: &mut Vec<(NodeId, NewLogChunk)>, node: NodeId, a: &mut Agent) {
+    for (key, r) in a.replicas.iter_mut() {
+        if r.phase == ReplicaPhase::Exited && !r.output_closed {
+            let code = r.exit_code.unwrap_or(-1);
+            let line = format!(
+                "exited with status {code} after {:.2} of {:.2} hours of work",
+                r.progress_hours.min(r.work_hours),
+                r.work_hours
+            );
+            say(out, node, *key, r, line);
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -98,6 +149,8 @@ pub struct SimAgents {
     /// is lost: how jobs fare without an agent on the node (SkyPilot's managed jobs, which
     /// find a preemption by polling the cluster and resume from the job's own checkpoints).
     hears_notices: bool,
+    /// Simulated output not yet stored, by node.
+    output: Vec<(NodeId, NewLogChunk)>,
 }
 
 fn source(cloud: Cloud) -> NoticeSource {
@@ -124,6 +177,7 @@ impl SimAgents {
             agents: BTreeMap::new(),
             stats: SimStats::default(),
             hears_notices: true,
+            output: Vec::new(),
         }
     }
 
@@ -183,6 +237,26 @@ impl SimAgents {
             let cmds = self.heartbeat(id, now).await?;
             for c in cmds {
                 self.carry_out(id, c, now).await;
+            }
+        }
+        self.flush_output(now).await
+    }
+
+    /// Stores the simulated output of this tick, as agents ship theirs.
+    async fn flush_output(&mut self, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let mut by_node: BTreeMap<NodeId, Vec<NewLogChunk>> = BTreeMap::new();
+        for (node, chunk) in self.output.drain(..) {
+            by_node.entry(node).or_default().push(chunk);
+        }
+        for (node, chunks) in by_node {
+            match self
+                .store
+                .record_logs(node, &chunks, LogRetention::default(), now)
+                .await
+            {
+                // A replica the control plane has let go of already: nothing to keep.
+                Ok(_) | Err(StoreError::NotFound(_) | StoreError::Conflict(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(())
@@ -299,6 +373,15 @@ impl SimAgents {
                     r.phase = ReplicaPhase::Checkpointing;
                 }
             }
+            let deadline = n.deadline.to_rfc3339();
+            for (key, r) in a.replicas.iter_mut() {
+                if r.phase == ReplicaPhase::Checkpointing {
+                    let line = format!(
+                        "termination notice from the cloud: checkpointing before {deadline}"
+                    );
+                    say(&mut self.output, node, *key, r, line);
+                }
+            }
         }
         // Checkpoints that are done now.
         let notice_at = a.notice.as_ref().map(|n| n.observed_at);
@@ -313,6 +396,22 @@ impl SimAgents {
             }
             let in_time = f.deadline.is_none_or(|d| f.ready_at <= d);
             let report = write_checkpoint(*job, *replica, r.attempt, &r.uri, &f, in_time);
+            let line = match report.outcome {
+                CheckpointOutcome::Durable => format!(
+                    "checkpoint {} durable at {:.2} of {:.2} hours of work",
+                    f.id, f.progress_hours, r.work_hours
+                ),
+                _ => format!(
+                    "checkpoint {} not durable: {}",
+                    f.id,
+                    report.message.as_deref().unwrap_or("failed")
+                ),
+            };
+            say(&mut self.output, node, (*job, *replica), r, line);
+            if r.stop_after {
+                r.phase = ReplicaPhase::Exited;
+                r.exit_code = Some(143);
+            }
             if f.trigger == CheckpointTrigger::Notice {
                 match (in_time, notice_at) {
                     (true, Some(at)) => self
@@ -331,12 +430,9 @@ impl SimAgents {
                     mig_layout: None,
                 });
             }
-            if r.stop_after {
-                r.phase = ReplicaPhase::Exited;
-                r.exit_code = Some(143);
-            }
             reports.push(report);
         }
+        say_exits(&mut self.output, node, a);
         for report in reports {
             match self
                 .store
@@ -434,6 +530,8 @@ impl SimAgents {
                 attempt,
                 checkpoint_uri,
                 resume_from,
+                command,
+                image,
                 ..
             } => {
                 let restored = resume_from.as_deref().and_then(read_progress);
@@ -441,20 +539,35 @@ impl SimAgents {
                     result.ok = false;
                     result.message = Some("the checkpoint to resume from cannot be read".into());
                 } else {
-                    a.replicas.insert(
-                        (job_id, replica),
-                        Replica {
-                            attempt,
-                            gpus: weight,
-                            phase: ReplicaPhase::Running,
-                            exit_code: None,
-                            progress_hours: restored.unwrap_or(0.0),
-                            work_hours: work.unwrap_or(1.0),
-                            uri: checkpoint_uri,
-                            checkpoint: None,
-                            stop_after: false,
-                        },
-                    );
+                    let mut r = Replica {
+                        attempt,
+                        gpus: weight,
+                        phase: ReplicaPhase::Running,
+                        exit_code: None,
+                        progress_hours: restored.unwrap_or(0.0),
+                        work_hours: work.unwrap_or(1.0),
+                        uri: checkpoint_uri,
+                        checkpoint: None,
+                        stop_after: false,
+                        output_at: 0,
+                        output_closed: false,
+                    };
+                    let what = match &image {
+                        Some(image) => format!("{image} {}", command.join(" ")),
+                        None => command.join(" "),
+                    };
+                    let line = match restored {
+                        Some(p) => format!(
+                            "{}: {what}: attempt {attempt} resumed at {p:.2} of {:.2} hours of work",
+                            a.instance, r.work_hours
+                        ),
+                        None => format!(
+                            "{}: {what}: attempt {attempt} started, {:.2} hours of work",
+                            a.instance, r.work_hours
+                        ),
+                    };
+                    say(&mut self.output, node, (job_id, replica), &mut r, line);
+                    a.replicas.insert((job_id, replica), r);
                 }
             }
             CommandKind::Checkpoint {
@@ -524,6 +637,7 @@ impl SimAgents {
             }
         }
         a.results.push(result);
+        say_exits(&mut self.output, node, a);
         // Replicas the control plane stopped wanting are forgotten once reported exited.
         a.replicas.retain(|_, r| {
             r.phase != ReplicaPhase::Exited || r.exit_code != Some(143) || r.checkpoint.is_some()

@@ -13,12 +13,14 @@ fn decoded(c: &LogChunk) -> Vec<u8> {
         .expect("base64")
 }
 
+/// Pushes, what is handed on after them, how many bytes wait.
+type LineCase<'a> = (Vec<&'a [u8]>, Vec<u8>, usize);
+
 #[test]
 fn lines_are_handed_on_whole_and_a_line_that_never_ends_is_cut() {
     let t = Instant::now();
     let long = vec![b'x'; LINE_MAX + 10];
-    // (pushes, what is handed on after them, what waits)
-    let cases: Vec<(Vec<&[u8]>, Vec<u8>, usize)> = vec![
+    let cases: Vec<LineCase> = vec![
         (vec![b"one\ntwo\n"], b"one\ntwo\n".to_vec(), 0),
         (vec![b"one\ntw"], b"one\n".to_vec(), 2),
         (vec![b"par", b"tial\n"], b"partial\n".to_vec(), 0),
