@@ -556,14 +556,15 @@ impl SimAgents {
                         Some(image) => format!("{image} {}", command.join(" ")),
                         None => command.join(" "),
                     };
+                    let host = a.instance.rsplit('/').next().unwrap_or(&a.instance);
                     let line = match restored {
                         Some(p) => format!(
-                            "{}: {what}: attempt {attempt} resumed at {p:.2} of {:.2} hours of work",
-                            a.instance, r.work_hours
+                            "{host}: {what}: attempt {attempt} resumed at {p:.2} of {:.2} hours of work",
+                            r.work_hours
                         ),
                         None => format!(
-                            "{}: {what}: attempt {attempt} started, {:.2} hours of work",
-                            a.instance, r.work_hours
+                            "{host}: {what}: attempt {attempt} started, {:.2} hours of work",
+                            r.work_hours
                         ),
                     };
                     say(&mut self.output, node, (job_id, replica), &mut r, line);

@@ -95,6 +95,10 @@ async fn the_readme_tour_works_verbatim() {
         "job.queued",
         "job.cancelled",
         "urn:spotplane:problem:validation",
+        // The job with an image ran on a simulated node, whose output the logs step read.
+        "\"image\": \"ghcr.io/acme/train:1\"",
+        "[simulated]",
+        "ghcr.io/acme/train:1 python train.py: attempt 1 started",
     ] {
         assert!(
             stdout.contains(expected),
