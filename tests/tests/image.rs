@@ -254,8 +254,8 @@ async fn the_image_serves_healthz_and_the_tour_against_postgresql() {
         "HEALTHCHECK: {health}"
     );
 
-    // Run it as the Terraform modules do: `serve --config /etc/spotplane/spotplane.toml`, the
-    // database URL and the first admin token from the environment.
+    // Run it as the Terraform modules do: `serve --config /etc/spotplane/spotplane.toml` on a
+    // read-only root, the database URL and the first admin token from the environment.
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let admin = format!("image-test-admin-{id}-{port}-0123456789abcdef");
@@ -275,6 +275,9 @@ async fn the_image_serves_healthz_and_the_tour_against_postgresql() {
         OCI_RUNTIME.into(),
         "--network".into(),
         "host".into(),
+        // The AWS module's task has a read-only root filesystem (and no tmpfs on /tmp).
+        "--read-only".into(),
+        "--read-only-tmpfs=false".into(),
         "--volume".into(),
         format!("{}:/etc/spotplane:ro", config_dir.display()),
     ];
@@ -285,6 +288,12 @@ async fn the_image_serves_healthz_and_the_tour_against_postgresql() {
         ("DATABASE_URL", postgres_url()),
         ("SPOTPLANE_DATABASE__SCHEMA", schema.clone()),
         ("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN", admin.clone()),
+        // 32 bytes in base64, as the modules' secrets key (the default key file cannot be
+        // written on a read-only root).
+        (
+            "SPOTPLANE_SECRETS__KEY",
+            "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=".into(),
+        ),
         ("SPOTPLANE_SERVER__LISTEN", format!("127.0.0.1:{port}")),
         ("SPOTPLANE_HEALTHCHECK_URL", format!("{url}/healthz")),
     ] {
