@@ -413,3 +413,51 @@ async fn the_image_serves_healthz_and_the_tour_against_postgresql() {
         String::from_utf8_lossy(&podman(&["logs", &container]).stderr)
     );
 }
+
+/// `spotplane healthcheck`, the image's HEALTHCHECK: 0 on a 200, otherwise an error that names
+/// the URL and what it got.
+#[tokio::test]
+async fn healthcheck_passes_on_a_serving_server_and_fails_naming_the_url_otherwise() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("spotplane.toml"), "providers = []\n").expect("config");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut serve = Command::new(bin("spotplane"));
+    serve
+        .current_dir(dir.path())
+        .args(["serve", "--config", "spotplane.toml"])
+        .env_remove("DATABASE_URL")
+        .env("SPOTPLANE_SERVER__LISTEN", format!("127.0.0.1:{port}"))
+        .env("SPOTPLANE_LOG__LEVEL", "warn");
+    let mut p = spotplane_tests::Proc::spawn(serve, dir.path().join("serve.log"));
+    p.wait_healthy(&format!("{url}/healthz")).await;
+
+    let check = |url: String| {
+        Command::new(bin("spotplane"))
+            .args(["healthcheck", "--timeout", "5s"])
+            .env("SPOTPLANE_HEALTHCHECK_URL", &url)
+            .output()
+            .expect("spotplane healthcheck runs")
+    };
+    let ok = check(format!("{url}/healthz"));
+    assert!(
+        ok.status.success(),
+        "healthcheck of a serving server: {}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let missing = check(format!("{url}/no-such-page"));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success(), "a 404 is not healthy");
+    assert!(
+        stderr.contains(&format!("{url}/no-such-page answered 404")),
+        "{stderr}"
+    );
+    assert!(p.terminate(), "serve exits on SIGTERM:\n{}", p.output());
+    let down = check(format!("{url}/healthz"));
+    let stderr = String::from_utf8_lossy(&down.stderr);
+    assert!(!down.status.success(), "nothing listens: not healthy");
+    assert!(
+        stderr.contains(&format!("{url}/healthz does not answer")),
+        "{stderr}"
+    );
+}
