@@ -44,6 +44,24 @@ pub enum Command {
     /// Export the cost ledger for a time range: CSV lines, or FinOps FOCUS (a client of a
     /// running server; finance and admin tokens export everything, team tokens their own).
     Export(ExportArgs),
+    /// Exit 0 when the server's /healthz answers 200 (the container image's HEALTHCHECK: the
+    /// image needs no curl).
+    Healthcheck(HealthcheckArgs),
+}
+
+/// `spotplane healthcheck`.
+#[derive(Debug, Args)]
+pub struct HealthcheckArgs {
+    /// The liveness URL to ask.
+    #[arg(
+        long,
+        env = "SPOTPLANE_HEALTHCHECK_URL",
+        default_value = "http://127.0.0.1:8080/healthz"
+    )]
+    pub url: String,
+    /// Give up after this long.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 /// `spotplane export`.

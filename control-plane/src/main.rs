@@ -11,7 +11,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use spotplane::cli::{
     BenchCommand, CatalogCommand, Cli, ClientArgs, Command, DeadlineArgs, ExportArgs,
-    FinanceBenchArgs, JobCommand, OffersArgs, PackArgs, SimBenchArgs,
+    FinanceBenchArgs, HealthcheckArgs, JobCommand, OffersArgs, PackArgs, SimBenchArgs,
 };
 use spotplane::client::Client;
 use spotplane::clock::SystemClock;
@@ -59,6 +59,23 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `spotplane healthcheck`: GET the liveness URL; an error names the URL and what went wrong.
+async fn healthcheck(args: &HealthcheckArgs) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .timeout(args.timeout)
+        .build()
+        .context("cannot build the HTTP client")?;
+    let response = http
+        .get(&args.url)
+        .send()
+        .await
+        .with_context(|| format!("{} does not answer", args.url))?;
+    let status = response.status();
+    anyhow::ensure!(status.is_success(), "{} answered {status}", args.url);
+    println!("{}: {status}", args.url);
+    Ok(())
 }
 
 fn bootstrap_token() -> Option<String> {
@@ -188,6 +205,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             bench_finance(&config, &args).await
         }
         Command::Export(args) => export(&args).await,
+        Command::Healthcheck(args) => healthcheck(&args).await,
         Command::Bench(BenchCommand::Sim(args)) => {
             let config = Config::load(cli.config.as_deref())?;
             bench_sim(&config, &args).await

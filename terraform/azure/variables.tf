@@ -86,7 +86,7 @@ variable "operator_ip_ranges" {
 
 variable "control_plane_image" {
   type        = string
-  description = "The spotplane container image (entrypoint: the spotplane binary built with --features clouds), pinned by digest or immutable tag. A private registry needs a registry block added."
+  description = "The spotplane container image (entrypoint: the spotplane binary built with --features clouds), pinned by digest or immutable tag. A private registry needs a registry block added. Build it from the repository's Dockerfile and push it (docker build -t REGISTRY/spotplane:VERSION . && docker push REGISTRY/spotplane:VERSION; docs/building.md, The container image)."
 
   validation {
     condition     = length(var.control_plane_image) > 0 && !can(regex(":latest$", var.control_plane_image))
@@ -315,7 +315,7 @@ variable "agent_url" {
 
 variable "agent_sha256" {
   type        = string
-  description = "SHA-256 (hex) of the agent binary at agent_url; the boot script refuses any other file. Required with agent_url."
+  description = "SHA-256 (hex) of the agent binary at agent_url; the boot script refuses any other file. Required with agent_url. scripts/release-agent prints it (and agent_url's file name)."
   default     = ""
 
   validation {

@@ -62,7 +62,7 @@ variable "image_id" {
 
 variable "control_plane_image" {
   type        = string
-  description = "The spotplane image, pinned."
+  description = "The spotplane image, pinned: built from the repository's Dockerfile and pushed (docs/building.md)."
 }
 
 variable "certificate_arn" {

@@ -49,7 +49,7 @@ variable "location" {
 
 variable "control_plane_image" {
   type        = string
-  description = "The spotplane image, pinned."
+  description = "The spotplane image, pinned: built from the repository's Dockerfile and pushed (docs/building.md)."
 }
 
 variable "ssh_public_key" {

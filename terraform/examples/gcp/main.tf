@@ -60,7 +60,7 @@ variable "subnetwork" {
 
 variable "control_plane_image" {
   type        = string
-  description = "The spotplane image in Artifact Registry, pinned."
+  description = "The spotplane image in Artifact Registry, pinned: built from the repository's Dockerfile and pushed (docs/building.md)."
 }
 
 module "spotplane" {
