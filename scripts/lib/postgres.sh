@@ -108,8 +108,8 @@ pg_start() {
       -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
       >"$pg_dir/postgres.log" 2>&1) &
     pg_pid=$!
-    local i
-    for i in $(seq 1 100); do
+
+    for _ in $(seq 1 100); do
       "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" -U postgres && break
       kill -0 "$pg_pid" 2>/dev/null || break
       sleep 0.1
@@ -137,8 +137,8 @@ pg_start() {
 pg_stop() {
   if [ -n "$pg_pid" ]; then
     kill -INT "$pg_pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 100); do
+
+    for _ in $(seq 1 100); do
       kill -0 "$pg_pid" 2>/dev/null || break
       sleep 0.1
     done
