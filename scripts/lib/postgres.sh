@@ -108,7 +108,6 @@ pg_start() {
       -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
       >"$pg_dir/postgres.log" 2>&1) &
     pg_pid=$!
-
     for _ in $(seq 1 100); do
       "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" -U postgres && break
       kill -0 "$pg_pid" 2>/dev/null || break
@@ -137,7 +136,6 @@ pg_start() {
 pg_stop() {
   if [ -n "$pg_pid" ]; then
     kill -INT "$pg_pid" 2>/dev/null || true
-
     for _ in $(seq 1 100); do
       kill -0 "$pg_pid" 2>/dev/null || break
       sleep 0.1
