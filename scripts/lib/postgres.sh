@@ -26,9 +26,9 @@ pg_dir=""
 # pg_host_port URL: prints "HOST PORT" of a postgres:// URL (port 5432 when it has none).
 pg_host_port() {
   local hostport=${1#*://}
-  hostport=${hostport##*@}
   hostport=${hostport%%/*}
   hostport=${hostport%%\?*}
+  hostport=${hostport##*@}
   local host=${hostport%:*} port=${hostport##*:}
   [ "$host" = "$hostport" ] && port=5432
   [ -n "$host" ] || host=127.0.0.1
