@@ -5,11 +5,12 @@
 #   scripts/lib/postgres.sh psql -c 'select 1' "\$SPOTPLANE_TEST_POSTGRES_URL"
 #
 # pg_ensure decides, from SPOTPLANE_TEST_POSTGRES_URL:
-# - something answers at the URL (explicit or the default postgres://postgres@127.0.0.1:5432/test,
-#   e.g. this machine's running PostgreSQL): it is used as it is;
-# - the URL was set and nothing answers there: an error that says so (a URL the user chose is
-#   never silently replaced);
-# - the URL is the default and nothing answers: a throwaway PostgreSQL is started. Debian's
+# - a PostgreSQL at the URL (explicit or the default postgres://postgres@127.0.0.1:5432/test,
+#   e.g. this machine's running one) lets the tests log in and query: it is used as it is;
+# - the URL was set and nothing answers there, or it refuses the login: an error that says so
+#   (a URL the user chose is never silently replaced);
+# - the URL is the default and nothing answers there, or what answers refuses the login (the
+#   cluster Debian's package starts wants a password): a throwaway PostgreSQL is started. Debian's
 #   `postgresql` package is installed when no server binaries are found (apt-get, as root or
 #   through sudo); `initdb` (trust auth, user postgres) into a temporary folder, run as the
 #   `postgres` user when this script runs as root (initdb refuses root); `postgres` on a free port
@@ -150,20 +151,48 @@ pg_stop() {
   fi
 }
 
+# pg_accepts URL: whether the tests can log in at URL and query (psql, 5 s); when not, pg_why
+# holds psql's error. Without a psql anywhere it cannot tell, and says yes.
+pg_why=""
+pg_accepts() {
+  local bin psql=psql out
+  if bin=$(pg_bindir); then
+    psql=$bin/psql
+  elif ! command -v psql >/dev/null 2>&1; then
+    return 0
+  fi
+  if out=$(PGCONNECT_TIMEOUT=5 "$psql" "$1" -XAtq -c 'SELECT 1' 2>&1); then
+    return 0
+  fi
+  pg_why=$(printf '%s' "$out" | head -n 1)
+  return 1
+}
+
 # pg_ensure: see the top of this file. Returns non-zero, after one clear error line, when there
 # is no PostgreSQL to test against.
 pg_ensure() {
   local url=${SPOTPLANE_TEST_POSTGRES_URL:-}
   if [ -n "$url" ]; then
-    pg_answers "$url" && return 0
-    echo "error: PostgreSQL is not reachable at SPOTPLANE_TEST_POSTGRES_URL=$url (set by you; unset it to let scripts/test start a throwaway one)" >&2
-    return 1
-  fi
-  if pg_answers "$pg_default_url"; then
-    export SPOTPLANE_TEST_POSTGRES_URL=$pg_default_url
+    if ! pg_answers "$url"; then
+      echo "error: PostgreSQL is not reachable at SPOTPLANE_TEST_POSTGRES_URL=$url (set by you; unset it to let scripts/test start a throwaway one)" >&2
+      return 1
+    fi
+    if ! pg_accepts "$url"; then
+      echo "error: the PostgreSQL at SPOTPLANE_TEST_POSTGRES_URL=$url (set by you) does not let the tests in: $pg_why" >&2
+      return 1
+    fi
     return 0
   fi
-  echo "nothing answers at $pg_default_url"
+  if pg_answers "$pg_default_url"; then
+    if pg_accepts "$pg_default_url"; then
+      export SPOTPLANE_TEST_POSTGRES_URL=$pg_default_url
+      return 0
+    fi
+    # E.g. the cluster Debian's package starts, which wants a password over TCP.
+    echo "something answers at $pg_default_url but does not let the tests in ($pg_why)"
+  else
+    echo "nothing answers at $pg_default_url"
+  fi
   pg_start
 }
 
