@@ -90,7 +90,9 @@ pg_start() {
     }
     as=(setpriv --reuid=postgres --regid=postgres --init-groups --reset-env --)
   fi
-  pg_dir=$(mktemp -d -t spotplane-postgres.XXXXXX) || { echo "error: could not create a temporary folder for PostgreSQL" >&2; return 1; }
+  # In /tmp whatever TMPDIR says: the postgres user must reach it, and the socket's path must
+  # stay under the 107 bytes a Unix socket allows.
+  pg_dir=$(mktemp -d /tmp/spotplane-postgres.XXXXXX) || { echo "error: could not create a temporary folder for PostgreSQL" >&2; return 1; }
   [ "$(id -u)" -eq 0 ] && chown postgres: "$pg_dir"
   echo "starting a throwaway PostgreSQL ($bin) in $pg_dir"
   if ! (cd "$pg_dir" && "${as[@]}" "$bin/initdb" -D "$pg_dir/data" -U postgres -A trust -E UTF8 \
