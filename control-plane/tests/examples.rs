@@ -285,3 +285,33 @@ async fn a_bad_deadline_in_is_refused_naming_the_field() {
     }
     srv.stop().await;
 }
+
+#[test]
+fn the_job_files_the_readme_names_exist() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let named: BTreeSet<&str> = readme
+        .match_indices("examples/jobs/")
+        .map(|(at, _)| {
+            let rest = &readme[at..];
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '`' || c == ')')
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .collect();
+    assert!(
+        named.iter().any(|p| p.ends_with(".yaml")),
+        "the README's CLI block submits one of examples/jobs: {named:?}"
+    );
+    for path in named {
+        assert!(
+            root.join(path).is_file(),
+            "README names {path}, which is missing"
+        );
+    }
+    assert!(
+        !readme.contains("-f job.yaml"),
+        "the README submits a file that exists"
+    );
+}
