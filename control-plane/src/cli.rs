@@ -193,7 +193,9 @@ pub struct ClientArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum JobCommand {
-    /// Submit a job described in a JSON or YAML file ("-" reads standard input).
+    /// Submit a job described in a JSON or YAML file ("-" reads standard input); examples in
+    /// examples/jobs. A `deadline_in` (e.g. "48h") is counted from when the control plane
+    /// receives the job; submitting the same file again returns the first job.
     Submit {
         #[arg(short = 'f', long = "file")]
         file: PathBuf,

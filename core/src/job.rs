@@ -254,6 +254,12 @@ pub struct JobSpec {
     /// When the job must have finished; the planner falls back to on-demand capacity to keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DateTime<Utc>>,
+    /// The deadline as a span from submission (`"48h"`, `"2days 12h"`, `"90m"`), for job files
+    /// that are kept and submitted again: the API turns it into `deadline` (the time it was
+    /// received plus the span) and keeps only that. Not with `deadline`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(example = "48h"))]
+    pub deadline_in: Option<String>,
     /// Compute the job needs, in hours (0.001 to 100,000), when known. With a deadline, it lets
     /// the planner see when the slack runs out and move the job to on-demand capacity in time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -311,6 +317,33 @@ pub fn check_image_reference(image: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Reads a `deadline_in` span: a humantime duration (`"48h"`, `"2days 12h"`, `"90m"`), more
+/// than zero and at most [`MAX_DEADLINE_DAYS`]. Says what is wrong in words that follow the
+/// field's name.
+pub fn parse_deadline_in(span: &str) -> Result<chrono::Duration, String> {
+    let shown: String = span.chars().take(64).collect();
+    if span.len() > 64 {
+        return Err(format!(
+            "must be at most 64 characters, got {} starting {shown:?}",
+            span.len()
+        ));
+    }
+    let d = humantime::parse_duration(span.trim()).map_err(|e| {
+        format!("is not a span of time like \"48h\", \"2days 12h\" or \"90m\", got {shown:?} ({e})")
+    })?;
+    let max = std::time::Duration::from_secs(MAX_DEADLINE_DAYS as u64 * 86_400);
+    if d.is_zero() {
+        return Err(format!("must be more than zero, got {shown:?}"));
+    }
+    if d > max {
+        return Err(format!(
+            "must be at most {MAX_DEADLINE_DAYS} days (ten years), got {shown:?}"
+        ));
+    }
+    chrono::Duration::from_std(d)
+        .map_err(|_| format!("must be at most {MAX_DEADLINE_DAYS} days, got {shown:?}"))
+}
+
 /// Letters, digits and `_`, not starting with a digit.
 fn valid_env_name(k: &str) -> bool {
     !k.is_empty()
@@ -356,6 +389,7 @@ impl JobSpec {
             image_pull_secret: None,
             checkpoint: None,
             deadline: None,
+            deadline_in: None,
             work_hours: None,
             max_hourly_usd: None,
             spot: true,
@@ -364,6 +398,26 @@ impl JobSpec {
             labels: BTreeMap::new(),
             max_retries: None,
             elastic: false,
+        }
+    }
+
+    /// Turns `deadline_in` into `deadline`, counted from `now` (the time the submission is
+    /// received), and clears it. Leaves the spec as it is when `deadline_in` is unset or does
+    /// not parse ([`JobSpec::validate`] reports that).
+    pub fn resolve_deadline_in(&mut self, now: DateTime<Utc>) {
+        if self.deadline.is_some() {
+            return;
+        }
+        let Some(span) = self
+            .deadline_in
+            .as_deref()
+            .and_then(|s| parse_deadline_in(s).ok())
+        else {
+            return;
+        };
+        if let Some(at) = now.checked_add_signed(span) {
+            self.deadline = Some(at);
+            self.deadline_in = None;
         }
     }
 
@@ -538,6 +592,16 @@ impl JobSpec {
                         d.to_rfc3339()
                     ),
                 );
+            }
+        }
+        if let Some(span) = &self.deadline_in {
+            if self.deadline.is_some() {
+                errs.push(
+                    "deadline_in",
+                    "is another way to give deadline; set one of deadline and deadline_in",
+                );
+            } else if let Err(m) = parse_deadline_in(span) {
+                errs.push("deadline_in", m);
             }
         }
         if let Some(w) = self.work_hours
@@ -723,6 +787,77 @@ mod tests {
         assert_eq!(spec.validate(now()), FieldErrors::new());
         assert_eq!(spec.priority.value(), 500);
         assert_eq!(spec.max_hourly_usd, Some(Micros(12_500_000)));
+    }
+
+    #[test]
+    fn deadline_in_becomes_a_deadline_counted_from_submission() {
+        let mut spec: JobSpec = serde_json::from_str(
+            r#"{"name": "a", "shape": {"gpus": 1}, "command": ["x"], "deadline_in": "2days 12h"}"#,
+        )
+        .expect("parses");
+        assert_eq!(spec.validate(now()), FieldErrors::new());
+        spec.resolve_deadline_in(now());
+        assert_eq!(spec.deadline, Some(now() + chrono::Duration::hours(60)));
+        assert_eq!(spec.deadline_in, None, "only the absolute deadline is kept");
+        assert_eq!(spec.validate(now()), FieldErrors::new());
+        let json = serde_json::to_value(&spec).expect("serializes");
+        assert!(json.get("deadline_in").is_none(), "{json}");
+
+        for span in ["48h", "90m", "1d", "3653days"] {
+            assert_eq!(parse_deadline_in(span).map(|_| ()), Ok(()), "{span}");
+        }
+    }
+
+    #[test]
+    fn bad_deadline_in_is_named_and_left_unresolved() {
+        let cases: [(&str, &str); 6] = [
+            ("soon", "is not a span of time"),
+            ("-5h", "is not a span of time"),
+            ("48", "is not a span of time"),
+            ("0s", "more than zero"),
+            ("3654days", "at most 3653 days"),
+            (
+                "1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h 1h",
+                "at most 64 characters",
+            ),
+        ];
+        for (span, why) in cases {
+            let mut spec = JobSpec::new(
+                "a",
+                GpuShape::Whole {
+                    gpus: 1,
+                    models: Vec::new(),
+                },
+                vec!["x".into()],
+            );
+            spec.deadline_in = Some(span.into());
+            let errs = spec.validate(now());
+            let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+            assert_eq!(fields, ["deadline_in"], "{span}");
+            assert!(format!("{errs:?}").contains(why), "{span}: {errs:?}");
+            spec.resolve_deadline_in(now());
+            assert_eq!(
+                (spec.deadline, spec.deadline_in.as_deref()),
+                (None, Some(span))
+            );
+        }
+        let mut both = JobSpec::new(
+            "a",
+            GpuShape::Whole {
+                gpus: 1,
+                models: Vec::new(),
+            },
+            vec!["x".into()],
+        );
+        both.deadline = Some(now() + chrono::Duration::days(1));
+        both.deadline_in = Some("48h".into());
+        let errs = both.validate(now());
+        let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["deadline_in"]);
+        assert!(
+            format!("{errs:?}").contains("set one of deadline and deadline_in"),
+            "{errs:?}"
+        );
     }
 
     #[test]

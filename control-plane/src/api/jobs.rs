@@ -108,6 +108,9 @@ pub async fn submit_job(
         ));
         (k, hash)
     });
+    // After the hash: a repeat of the same file (`deadline_in` as written) is the same request
+    // and returns the first job, with the deadline counted from the first submission.
+    spec.resolve_deadline_in(now);
     let new = NewJob {
         id: JobId(new_uuid(now)),
         team_id,
