@@ -700,3 +700,56 @@ async fn only_the_node_holding_the_job_gets_its_secrets(backend: Backend) {
     assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
     srv.stop().await;
 }
+
+/// The key file outlives the server: after a restart on the same data the secret still opens.
+/// A key file that is not a key stops the start, naming the file, before anything is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_the_key_and_a_corrupt_key_file_is_refused_by_path() {
+    let srv = TestServer::start(Backend::Sqlite).await;
+    let alpha = srv.team_with_token("alpha").await;
+    let token = value("kept");
+    assert_eq!(
+        put(&srv, &alpha, "alpha", "registry", &format!("u:{token}"))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    let key_file = srv.db.config.secrets.key_file.clone();
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&key_file)
+            .expect("created at start")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    let db = srv.stop_keeping_data().await;
+    let srv = TestServer::start_on(db).await;
+    let team = srv.store().get_team("alpha").await.expect("team");
+    let value_now = srv
+        .store()
+        .team_secret_value(
+            srv.server.state.secrets_key().expect("key"),
+            &team.id,
+            "registry",
+        )
+        .await
+        .expect("opens after the restart");
+    assert_eq!(value_now, Some(format!("u:{token}")));
+    let db = srv.stop_keeping_data().await;
+
+    std::fs::write(&key_file, b"garbage").expect("write");
+    let err = match spotplane::server::Server::start(
+        &db.config,
+        std::sync::Arc::new(spotplane::clock::SystemClock),
+        spotplane::server::ServeOptions::default(),
+    )
+    .await
+    {
+        Ok(_) => panic!("started with a corrupt key file"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains(&key_file.display().to_string()) && err.contains("7 bytes, not 32"),
+        "{err}"
+    );
+    db.cleanup().await;
+}
