@@ -608,7 +608,9 @@ fn archiver(store: CheckpointStore, key: LogKey) -> mpsc::Sender<Finished> {
                 .put_log(key.1, key.2, f.seq, file, UPLOAD_BUFFER)
                 .await
             {
-                Ok(uri) => tracing::debug!(job = %key.0, replica = key.1, %uri, "log file archived"),
+                Ok(uri) => {
+                    tracing::debug!(job = %key.0, replica = key.1, %uri, "log file archived")
+                }
                 Err(e) => {
                     tracing::warn!(job = %key.0, replica = key.1, file = f.seq, error = %e, "cannot archive a log file")
                 }
@@ -683,7 +685,10 @@ async fn pump<O, E>(
     let mut ready = Vec::with_capacity(LINE_MAX + READ_BUF);
     let far = || Instant::now() + Duration::from_secs(3600);
     while out_open || err_open {
-        let due = [out_lines.due(), err_lines.due()].into_iter().flatten().min();
+        let due = [out_lines.due(), err_lines.due()]
+            .into_iter()
+            .flatten()
+            .min();
         tokio::select! {
             r = stdout.read(&mut out_buf), if out_open => match r {
                 Ok(n) if n > 0 => out_lines.push(&out_buf[..n], Instant::now(), &mut ready),

@@ -76,8 +76,10 @@ async fn job_on(srv: &TestServer, team: &str, node: NodeId) -> (JobId, String) {
             Method::POST,
             "/v1/jobs",
             Some(&token),
-            Some(&json!({"name": "train", "shape": {"gpus": 1}, "command": ["python", "train.py"],
-                "checkpoint": {"uri": format!("s3://ckpt/{team}")}})),
+            Some(
+                &json!({"name": "train", "shape": {"gpus": 1}, "command": ["python", "train.py"],
+                "checkpoint": {"uri": format!("s3://ckpt/{team}")}}),
+            ),
         )
         .await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
@@ -151,7 +153,10 @@ async fn the_team_reads_what_its_jobs_node_sent_and_no_other_team_can(backend: B
     // The same for an admin, and as SSE.
     let resp = srv
         .http
-        .get(format!("{}/v1/jobs/{job}/logs?replica=0&attempt=1", srv.url))
+        .get(format!(
+            "{}/v1/jobs/{job}/logs?replica=0&attempt=1",
+            srv.url
+        ))
         .bearer_auth(ADMIN_TOKEN)
         .header("accept", "text/event-stream")
         .send()
@@ -363,7 +368,11 @@ async fn a_follower_sees_new_output_and_the_stream_ends_with_the_attempt(backend
     text.end(Duration::from_secs(3)).await;
     assert_eq!(text.text, "step=1\nstep=2\ndone step=2\n");
     sse.end(Duration::from_secs(3)).await;
-    assert!(sse.text.ends_with("event: end\nid: 26\ndata: \n\n"), "{}", sse.text);
+    assert!(
+        sse.text.ends_with("event: end\nid: 26\ndata: \n\n"),
+        "{}",
+        sse.text
+    );
     srv.stop().await;
 }
 
@@ -372,16 +381,30 @@ async fn a_follow_ends_a_while_after_the_attempts_node_let_go(backend: Backend) 
     let (node, cred) = registered(&srv, "n1").await;
     let (job, alpha) = job_on(&srv, "alpha", node).await;
     ship(&srv, &cred, vec![chunk(job, 1, 0, b"step=1\n")]).await;
-    let mut s = Stream::open(&srv, &format!("/v1/jobs/{job}/logs?follow=true"), &alpha, false).await;
+    let mut s = Stream::open(
+        &srv,
+        &format!("/v1/jobs/{job}/logs?follow=true"),
+        &alpha,
+        false,
+    )
+    .await;
     s.until("step=1\n", Duration::from_secs(5)).await;
     // The node goes without a last word: its allocation is released, and what it sent
     // before is still readable.
     let (st, v) = srv
-        .call(Method::POST, &format!("/v1/jobs/{job}/cancel"), Some(&alpha), None)
+        .call(
+            Method::POST,
+            &format!("/v1/jobs/{job}/cancel"),
+            Some(&alpha),
+            None,
+        )
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     let took = s.end(Duration::from_secs(15)).await;
-    assert!(took >= Duration::from_secs(3), "waited for late output: {took:?}");
+    assert!(
+        took >= Duration::from_secs(3),
+        "waited for late output: {took:?}"
+    );
     let (_, text) = read(&srv, &format!("/v1/jobs/{job}/logs"), &alpha).await;
     assert_eq!(text, "step=1\n");
     srv.stop().await;
@@ -396,7 +419,7 @@ async fn only_the_last_mib_of_an_attempt_are_kept(backend: Backend) {
     let chunk_len = 64 * 1024;
     let total = 9 << 20;
     let lines: Vec<u8> = (0..total / line_len)
-        .flat_map(|i| format!("line {i:>9}\n").into_bytes())
+        .flat_map(|i| format!("line {i:>10}\n").into_bytes())
         .collect();
     assert_eq!(lines.len(), total);
     for (n, pair) in lines.chunks(2 * chunk_len).enumerate() {

@@ -761,7 +761,11 @@ async fn an_elastic_gang_losing_one_node_keeps_its_survivors(db: Db) {
 async fn team_token(c: &Cluster, team: &str, create: bool) -> String {
     if create {
         let (s, v) = c
-            .call(reqwest::Method::POST, "/v1/teams", Some(json!({"name": team})))
+            .call(
+                reqwest::Method::POST,
+                "/v1/teams",
+                Some(json!({"name": team})),
+            )
             .await;
         assert_eq!(s, 201, "{v}");
     }
@@ -849,7 +853,10 @@ async fn a_followed_jobs_output_arrives_live_and_outlives_its_node(db: Db) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     for l in &lag {
-        assert!(*l < Duration::from_secs(2), "followed {l:?} after the file: {lag:?}");
+        assert!(
+            *l < Duration::from_secs(2),
+            "followed {l:?} after the file: {lag:?}"
+        );
     }
     // The node vanishes, agent and workload with it: the follower ends with the attempt.
     c.vanish(&node, &cloud, &instance).await;
@@ -882,7 +889,10 @@ async fn a_followed_jobs_output_arrives_live_and_outlives_its_node(db: Db) {
     assert!(!text.contains("step="), "{text}");
     // The attempt that finished archived its output beside its checkpoints.
     succeeded(&c, &job).await;
-    let archived = c.dir.path().join("objects/logs/logs/replica-0/attempt-2/0.log");
+    let archived = c
+        .dir
+        .path()
+        .join("objects/logs/logs/replica-0/attempt-2/0.log");
     let done = c
         .until("the last attempt's log archived", 60, async || {
             std::fs::read_to_string(&archived)

@@ -53,7 +53,10 @@ fn an_incomplete_line_is_due_a_second_after_it_began() {
     assert_eq!(b.due(), Some(t + PARTIAL_FLUSH));
     b.push(b"done\nnext", t + Duration::from_millis(900), &mut out);
     assert_eq!(out, b"Password: still done\n");
-    assert_eq!(b.due(), Some(t + Duration::from_millis(900) + PARTIAL_FLUSH));
+    assert_eq!(
+        b.due(),
+        Some(t + Duration::from_millis(900) + PARTIAL_FLUSH)
+    );
 }
 
 proptest! {
@@ -88,7 +91,9 @@ fn the_log_rotates_at_its_size_keeping_the_newest_files_numbered_in_order() {
     let path = dir.path().join("output.log");
     let mut log = RotatingLog::create(&path, 10, 2).expect("create");
     let mut finished = Vec::new();
-    for line in ["aaaa\n", "bbbb\n", "cccc\n", "dddd\n", "eeee\n", "ffff\n", "gg\n"] {
+    for line in [
+        "aaaa\n", "bbbb\n", "cccc\n", "dddd\n", "eeee\n", "ffff\n", "gg\n",
+    ] {
         if let Some(f) = log.write(line.as_bytes()).expect("write") {
             finished.push(f);
         }
@@ -329,11 +334,8 @@ async fn a_capture_merges_both_streams_by_line_and_ends_after_the_exit_grace() {
 #[tokio::test]
 async fn finished_files_are_archived_under_the_jobs_prefix() {
     let objects = tempfile::tempdir().expect("tmp");
-    let store = CheckpointStore::open(
-        &format!("file://{}/jobs/j1", objects.path().display()),
-        &[],
-    )
-    .expect("store");
+    let store = CheckpointStore::open(&format!("file://{}/jobs/j1", objects.path().display()), &[])
+        .expect("store");
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("output.log");
     let shipper = Shipper::new(1 << 20);

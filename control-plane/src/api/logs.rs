@@ -367,12 +367,15 @@ pub async fn job_logs(
     let follow = q.follow.unwrap_or(false);
     let follower = if follow {
         let max = state.log_settings().max_followers_per_job;
-        Some(state.log_hub().follow(job_id, max).ok_or_else(|| {
-            ApiError::TooManyRequests {
-                detail: format!("{max} clients follow this job's logs already"),
-                retry_after: Duration::from_secs(10),
-            }
-        })?)
+        Some(
+            state
+                .log_hub()
+                .follow(job_id, max)
+                .ok_or_else(|| ApiError::TooManyRequests {
+                    detail: format!("{max} clients follow this job's logs already"),
+                    retry_after: Duration::from_secs(10),
+                })?,
+        )
     } else {
         None
     };
@@ -631,7 +634,12 @@ impl Read {
             let mut query_from = r.next();
             if first && self.start != Start::Beginning {
                 // The chunk holding the start may begin before it.
-                if let Some(row) = self.store.log_chunks_before(self.key, from + 1, 1).await?.first() {
+                if let Some(row) = self
+                    .store
+                    .log_chunks_before(self.key, from + 1, 1)
+                    .await?
+                    .first()
+                {
                     query_from = row.offset;
                 }
             }
@@ -640,7 +648,8 @@ impl Read {
                 for row in &rows {
                     if first {
                         first = false;
-                        if self.start == Start::Beginning && row.offset > 0 && !row.data.is_empty() {
+                        if self.start == Start::Beginning && row.offset > 0 && !row.data.is_empty()
+                        {
                             let note = r.note(&format!(
                                 "the first {} bytes of this attempt's output are no longer kept here; all of it is archived under {}",
                                 row.offset, self.archive
@@ -648,7 +657,10 @@ impl Read {
                             if sink.tx.send(Bytes::from(note)).await.is_err() {
                                 return Ok(());
                             }
-                            r = Renderer { next: row.offset, ..r };
+                            r = Renderer {
+                                next: row.offset,
+                                ..r
+                            };
                         }
                     }
                     let out = r.chunk(row);
@@ -677,9 +689,7 @@ impl Read {
             }
         }
         if sse {
-            let _ = sink
-                .send(sse_event("end", Some(r.next()), ""))
-                .await;
+            let _ = sink.send(sse_event("end", Some(r.next()), "")).await;
         }
         Ok(())
     }
@@ -772,8 +782,8 @@ mod tests {
 
     #[test]
     fn an_attempt_is_over_at_its_last_chunk_or_a_while_after_its_node_let_go() {
-        let now = chrono::DateTime::<chrono::Utc>::from_timestamp(1_800_000_000, 0)
-            .unwrap_or_default();
+        let now =
+            chrono::DateTime::<chrono::Utc>::from_timestamp(1_800_000_000, 0).unwrap_or_default();
         let linger = Duration::from_secs(5);
         let running = LogAttemptStatus {
             placed: true,

@@ -206,9 +206,7 @@ impl Store {
                 .into_tuple()
                 .one(&self.read)
                 .await?;
-            Ok(placed
-                .max(logged)
-                .and_then(|a| u32::try_from(a).ok()))
+            Ok(placed.max(logged).and_then(|a| u32::try_from(a).ok()))
         })
         .await
     }
