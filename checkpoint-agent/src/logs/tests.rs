@@ -18,7 +18,8 @@ fn lines_are_handed_on_whole_and_a_line_that_never_ends_is_cut() {
     let t = Instant::now();
     let long = vec![b'x'; LINE_MAX + 10];
     // (pushes, what is handed on after them, what waits)
-    let cases: Vec<(Vec<&[u8]>, Vec<u8>, usize)> = vec![
+    type Case<'a> = (Vec<&'a [u8]>, Vec<u8>, usize);
+    let cases: Vec<Case> = vec![
         (vec![b"one\ntwo\n"], b"one\ntwo\n".to_vec(), 0),
         (vec![b"one\ntw"], b"one\n".to_vec(), 2),
         (vec![b"par", b"tial\n"], b"partial\n".to_vec(), 0),
