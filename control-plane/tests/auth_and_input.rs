@@ -530,6 +530,8 @@ async fn the_openapi_document_describes_every_route() {
         ("/v1/teams/{team}/secrets", vec!["post", "get"]),
         ("/v1/teams/{team}/secrets/{name}", vec!["delete"]),
         ("/v1/agent/jobs/{job_id}/secrets", vec!["get"]),
+        ("/v1/jobs/{id}/logs", vec!["get"]),
+        ("/v1/agent/logs", vec!["post"]),
     ];
     let documented = expected.len();
     for (path, methods) in expected {
@@ -547,6 +549,13 @@ async fn the_openapi_document_describes_every_route() {
         paths.keys().collect::<Vec<_>>()
     );
     assert!(doc["components"]["schemas"]["JobSpec"].is_object());
+    let log_params: Vec<&str> = doc["paths"]["/v1/jobs/{id}/logs"]["get"]["parameters"]
+        .as_array()
+        .map(|ps| ps.iter().filter_map(|p| p["name"].as_str()).collect())
+        .unwrap_or_default();
+    for p in ["id", "replica", "attempt", "follow", "tail"] {
+        assert!(log_params.contains(&p), "{p} in {log_params:?}");
+    }
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     srv.stop().await;
 }

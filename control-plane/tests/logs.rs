@@ -419,7 +419,7 @@ async fn only_the_last_mib_of_an_attempt_are_kept(backend: Backend) {
     let chunk_len = 64 * 1024;
     let total = 9 << 20;
     let lines: Vec<u8> = (0..total / line_len)
-        .flat_map(|i| format!("line {i:>9}\n").into_bytes())
+        .flat_map(|i| format!("line {i:>10}\n").into_bytes())
         .collect();
     assert_eq!(lines.len(), total);
     for (n, pair) in lines.chunks(2 * chunk_len).enumerate() {

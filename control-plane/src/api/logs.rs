@@ -657,10 +657,7 @@ impl Read {
                             if sink.tx.send(Bytes::from(note)).await.is_err() {
                                 return Ok(());
                             }
-                            r = Renderer {
-                                next: row.offset,
-                                ..r
-                            };
+                            r.next = row.offset;
                         }
                     }
                     let out = r.chunk(row);
