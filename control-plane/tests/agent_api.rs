@@ -25,28 +25,13 @@ on_both_databases!(
 );
 
 fn new_node(name: &str) -> NewNode {
-    NewNode {
-        id: NodeId(uuid::Uuid::now_v7()),
-        name: name.into(),
-        cloud: Cloud::Aws,
-        region: "us-east-1".into(),
-        zone: "us-east-1a".into(),
-        instance_type: "p5.48xlarge".into(),
-        market: Market::Spot,
-        offer_id: None,
-        client_token: format!("ct-{name}"),
-        hourly_price: Micros::parse_usd("35.5").expect("price"),
-        on_demand_price: Micros::parse_usd("98.32").expect("price"),
-        cpu_milli: 192_000,
-        memory_mib: 2_097_152,
-        gpus: vec![NewGpu {
-            model: GpuModel::H100_80GB,
-            memory_mib: 81_559,
-            mig_enabled: true,
-            mig_layout: MigLayout::full(),
-        }],
-        labels: Default::default(),
-    }
+    common::stored_node(
+        name,
+        "p5.48xlarge",
+        "35.5",
+        (192_000, 2_097_152),
+        common::h100(true),
+    )
 }
 
 async fn node(srv: &TestServer, name: &str) -> NodeId {
@@ -82,25 +67,9 @@ fn register_body(node: NodeId) -> Value {
 /// A registered node: its id and credential. The node is created the way provisioning
 /// creates nodes, with its bootstrap token.
 async fn registered(srv: &TestServer, name: &str) -> (NodeId, String) {
-    let now = chrono::Utc::now();
-    let (n, boot) = srv
-        .store()
-        .create_node_with_bootstrap(new_node(name), now + chrono::Duration::hours(1), now)
-        .await
-        .expect("node and token");
-    let (s, v) = srv
-        .call(
-            Method::POST,
-            "/v1/agent/register",
-            Some(&boot),
-            Some(&register_body(n.id)),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    (
-        n.id,
-        v["credential"].as_str().expect("credential").to_owned(),
-    )
+    let n = new_node(name);
+    let id = n.id;
+    common::register_agent(srv, n, register_body(id)).await
 }
 
 fn heartbeat(node: NodeId) -> Value {
@@ -1269,19 +1238,11 @@ async fn a_failed_start_says_why_in_the_jobs_events_and_webhooks(backend: Backen
 async fn only_nodes_registered_with_a_container_engine_run_images(backend: Backend) {
     let srv = TestServer::start(backend).await;
     let (bare, _) = registered(&srv, "bare").await;
-    let now = chrono::Utc::now();
-    let (n, boot) = srv
-        .store()
-        .create_node_with_bootstrap(new_node("engine"), now + chrono::Duration::hours(1), now)
-        .await
-        .expect("node and token");
-    let mut body = register_body(n.id);
+    let node = new_node("engine");
+    let mut body = register_body(node.id);
     body["container_engine"] = json!({"kind": "podman", "version": "4.3.1", "cdi": false});
     body["address"] = json!("10.0.0.7");
-    let (s, v) = srv
-        .call(Method::POST, "/v1/agent/register", Some(&boot), Some(&body))
-        .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
+    let (engine, _) = common::register_agent(&srv, node, body).await;
     let snap = srv
         .store()
         .scheduler_snapshot(&mut spotplane::store::SpecCache::default())
@@ -1294,6 +1255,6 @@ async fn only_nodes_registered_with_a_container_engine_run_images(backend: Backe
             .map(|x| x.runs_images)
     };
     assert_eq!(runs(bare), Some(false));
-    assert_eq!(runs(n.id), Some(true));
+    assert_eq!(runs(engine), Some(true));
     srv.stop().await;
 }

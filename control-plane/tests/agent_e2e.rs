@@ -121,33 +121,16 @@ async fn the_agent_binary_registers_runs_a_job_and_checkpoints_it_on_a_notice(ba
     let srv = TestServer::start(backend).await;
     let tmp = tempfile::tempdir().expect("tmp");
     let example = spotplane_tests::reachable_workload(tmp.path(), &example);
-    let node = NodeId(uuid::Uuid::now_v7());
+    let n = common::stored_node(
+        "e2e-1",
+        "g5.xlarge",
+        "0.41",
+        (4_000, 16_384),
+        common::a10g(),
+    );
+    let node = n.id;
     srv.store()
-        .create_node(
-            NewNode {
-                id: node,
-                name: "e2e-1".into(),
-                cloud: Cloud::Aws,
-                region: "us-east-1".into(),
-                zone: "us-east-1a".into(),
-                instance_type: "g5.xlarge".into(),
-                market: Market::Spot,
-                offer_id: None,
-                client_token: "ct-e2e".into(),
-                hourly_price: Micros::parse_usd("0.41").expect("price"),
-                on_demand_price: Micros::parse_usd("1.0").expect("price"),
-                cpu_milli: 4_000,
-                memory_mib: 16_384,
-                gpus: vec![NewGpu {
-                    model: GpuModel::A10G,
-                    memory_mib: 23_028,
-                    mig_enabled: false,
-                    mig_layout: MigLayout::empty(),
-                }],
-                labels: Default::default(),
-            },
-            chrono::Utc::now(),
-        )
+        .create_node(n, chrono::Utc::now())
         .await
         .expect("node");
     let (_, v) = srv
@@ -869,33 +852,16 @@ async fn a_team_secret_reaches_its_replicas_environment_and_no_record_or_log(bac
     let tmp = tempfile::tempdir().expect("tmp");
     let example = spotplane_tests::reachable_workload(tmp.path(), &example);
     let work = tmp.path().join("work");
-    let node = NodeId(uuid::Uuid::now_v7());
+    let n = common::stored_node(
+        "secrets-1",
+        "g5.xlarge",
+        "0.41",
+        (4_000, 16_384),
+        common::a10g(),
+    );
+    let node = n.id;
     srv.store()
-        .create_node(
-            NewNode {
-                id: node,
-                name: "secrets-1".into(),
-                cloud: Cloud::Aws,
-                region: "us-east-1".into(),
-                zone: "us-east-1a".into(),
-                instance_type: "g5.xlarge".into(),
-                market: Market::Spot,
-                offer_id: None,
-                client_token: "ct-secrets".into(),
-                hourly_price: Micros::parse_usd("0.41").expect("price"),
-                on_demand_price: Micros::parse_usd("1.0").expect("price"),
-                cpu_milli: 4_000,
-                memory_mib: 16_384,
-                gpus: vec![NewGpu {
-                    model: GpuModel::A10G,
-                    memory_mib: 23_028,
-                    mig_enabled: false,
-                    mig_layout: MigLayout::empty(),
-                }],
-                labels: Default::default(),
-            },
-            chrono::Utc::now(),
-        )
+        .create_node(n, chrono::Utc::now())
         .await
         .expect("node");
     let (_, v) = srv

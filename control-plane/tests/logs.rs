@@ -22,49 +22,18 @@ on_both_databases!(
     only_the_last_mib_of_an_attempt_are_kept,
 );
 
-fn new_node(name: &str) -> NewNode {
-    NewNode {
-        id: NodeId(uuid::Uuid::now_v7()),
-        name: name.into(),
-        cloud: Cloud::Aws,
-        region: "us-east-1".into(),
-        zone: "us-east-1a".into(),
-        instance_type: "p5.48xlarge".into(),
-        market: Market::Spot,
-        offer_id: None,
-        client_token: format!("ct-{name}"),
-        hourly_price: Micros::parse_usd("35.5").expect("price"),
-        on_demand_price: Micros::parse_usd("98.32").expect("price"),
-        cpu_milli: 192_000,
-        memory_mib: 2_097_152,
-        gpus: vec![NewGpu {
-            model: GpuModel::H100_80GB,
-            memory_mib: 81_559,
-            mig_enabled: false,
-            mig_layout: MigLayout::full(),
-        }],
-        labels: Default::default(),
-    }
-}
-
 /// A registered node: its id and credential.
 async fn registered(srv: &TestServer, name: &str) -> (NodeId, String) {
-    let now = chrono::Utc::now();
-    let (n, boot) = srv
-        .store()
-        .create_node_with_bootstrap(new_node(name), now + chrono::Duration::hours(1), now)
-        .await
-        .expect("node and token");
-    let body = json!({"protocol_version": 1, "node_id": n.id, "agent_version": "0.1.0",
+    let node = common::stored_node(
+        name,
+        "p5.48xlarge",
+        "35.5",
+        (192_000, 2_097_152),
+        common::h100(false),
+    );
+    let body = json!({"protocol_version": 1, "agent_version": "0.1.0",
         "hostname": "ip-10-0-0-1", "cpu_milli": 192000, "memory_mib": 2097152, "gpus": []});
-    let (s, v) = srv
-        .call(Method::POST, "/v1/agent/register", Some(&boot), Some(&body))
-        .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    (
-        n.id,
-        v["credential"].as_str().expect("credential").to_owned(),
-    )
+    common::register_agent(srv, node, body).await
 }
 
 /// A job of `team` placed on `node` (its attempt 1, one replica); returns the job and the

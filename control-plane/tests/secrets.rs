@@ -510,55 +510,12 @@ async fn stored_secrets_hold_no_plaintext_and_open_only_with_their_key_team_and_
     db.cleanup().await;
 }
 
-fn new_node(name: &str) -> NewNode {
-    NewNode {
-        id: NodeId(uuid::Uuid::now_v7()),
-        name: name.into(),
-        cloud: Cloud::Aws,
-        region: "us-east-1".into(),
-        zone: "us-east-1a".into(),
-        instance_type: "g5.xlarge".into(),
-        market: Market::Spot,
-        offer_id: None,
-        client_token: format!("ct-{name}"),
-        hourly_price: Micros::parse_usd("0.4").expect("price"),
-        on_demand_price: Micros::parse_usd("1.0").expect("price"),
-        cpu_milli: 4_000,
-        memory_mib: 16_384,
-        gpus: vec![NewGpu {
-            model: GpuModel::A10G,
-            memory_mib: 23_028,
-            mig_enabled: false,
-            mig_layout: MigLayout::empty(),
-        }],
-        labels: Default::default(),
-    }
-}
-
 /// A registered node: its id and credential.
 async fn registered(srv: &TestServer, name: &str) -> (NodeId, String) {
-    let now = chrono::Utc::now();
-    let (n, boot) = srv
-        .store()
-        .create_node_with_bootstrap(new_node(name), now + chrono::Duration::hours(1), now)
-        .await
-        .expect("node and token");
-    let (s, v) = srv
-        .call(
-            Method::POST,
-            "/v1/agent/register",
-            Some(&boot),
-            Some(
-                &json!({"protocol_version": 1, "node_id": n.id, "agent_version": "0.1.0",
-                "hostname": name, "cpu_milli": 4000, "memory_mib": 16384}),
-            ),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    (
-        n.id,
-        v["credential"].as_str().expect("credential").to_owned(),
-    )
+    let node = common::stored_node(name, "g5.xlarge", "0.4", (4_000, 16_384), common::a10g());
+    let body = json!({"protocol_version": 1, "agent_version": "0.1.0",
+        "hostname": name, "cpu_milli": 4000, "memory_mib": 16384});
+    common::register_agent(srv, node, body).await
 }
 
 async fn only_the_node_holding_the_job_gets_its_secrets(backend: Backend) {

@@ -93,6 +93,13 @@ fn row_of(r: replica_log::Model) -> LogRow {
 
 type AttemptKey = (JobId, u32, u32);
 
+/// `q` narrowed to one attempt's chunks.
+fn of_attempt<Q: QueryFilter>(q: Q, (job_id, replica, attempt): AttemptKey) -> Q {
+    q.filter(replica_log::Column::JobId.eq(job_id.to_string()))
+        .filter(replica_log::Column::Replica.eq(i32_of(replica)))
+        .filter(replica_log::Column::Attempt.eq(i32_of(attempt)))
+}
+
 impl Store {
     /// Stores chunks sent by `node`'s agent. Every attempt they belong to must be one that
     /// `node` runs or ran, else nothing is stored and the answer is not found. Returns the
@@ -219,18 +226,17 @@ impl Store {
         limit: u64,
     ) -> Result<Vec<LogRow>, StoreError> {
         self.measured("log_chunks", || async {
-            Ok(replica_log::Entity::find()
-                .filter(replica_log::Column::JobId.eq(job_id.to_string()))
-                .filter(replica_log::Column::Replica.eq(i32_of(replica)))
-                .filter(replica_log::Column::Attempt.eq(i32_of(attempt)))
-                .filter(replica_log::Column::ByteOffset.gte(i64_of(from)))
-                .order_by_asc(replica_log::Column::ByteOffset)
-                .limit(limit)
-                .all(&self.read)
-                .await?
-                .into_iter()
-                .map(row_of)
-                .collect())
+            Ok(
+                of_attempt(replica_log::Entity::find(), (job_id, replica, attempt))
+                    .filter(replica_log::Column::ByteOffset.gte(i64_of(from)))
+                    .order_by_asc(replica_log::Column::ByteOffset)
+                    .limit(limit)
+                    .all(&self.read)
+                    .await?
+                    .into_iter()
+                    .map(row_of)
+                    .collect(),
+            )
         })
         .await
     }
@@ -243,18 +249,17 @@ impl Store {
         limit: u64,
     ) -> Result<Vec<LogRow>, StoreError> {
         self.measured("log_chunks_before", || async {
-            Ok(replica_log::Entity::find()
-                .filter(replica_log::Column::JobId.eq(job_id.to_string()))
-                .filter(replica_log::Column::Replica.eq(i32_of(replica)))
-                .filter(replica_log::Column::Attempt.eq(i32_of(attempt)))
-                .filter(replica_log::Column::ByteOffset.lt(i64_of(before)))
-                .order_by_desc(replica_log::Column::ByteOffset)
-                .limit(limit)
-                .all(&self.read)
-                .await?
-                .into_iter()
-                .map(row_of)
-                .collect())
+            Ok(
+                of_attempt(replica_log::Entity::find(), (job_id, replica, attempt))
+                    .filter(replica_log::Column::ByteOffset.lt(i64_of(before)))
+                    .order_by_desc(replica_log::Column::ByteOffset)
+                    .limit(limit)
+                    .all(&self.read)
+                    .await?
+                    .into_iter()
+                    .map(row_of)
+                    .collect(),
+            )
         })
         .await
     }

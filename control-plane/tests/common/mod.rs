@@ -12,6 +12,8 @@ use serde_json::Value;
 use spotplane::clock::SystemClock;
 use spotplane::config::Config;
 use spotplane::server::{ServeOptions, Server};
+use spotplane::store::{NewGpu, NewNode};
+use spotplane_core::{Cloud, GpuModel, Market, Micros, MigLayout, NodeId};
 
 pub const ADMIN_TOKEN: &str = "spt_test_admin_token_000000000000";
 
@@ -257,4 +259,72 @@ macro_rules! on_both_databases {
             }
         )*
     };
+}
+
+/// A one-GPU AWS spot node as provisioning stores it: `instance_type` at `hourly_usd`, with
+/// `cpu_milli` and `memory_mib`, its GPU `gpu`.
+pub fn stored_node(
+    name: &str,
+    instance_type: &str,
+    hourly_usd: &str,
+    (cpu_milli, memory_mib): (u64, u64),
+    gpu: NewGpu,
+) -> NewNode {
+    NewNode {
+        id: NodeId(uuid::Uuid::now_v7()),
+        name: name.into(),
+        cloud: Cloud::Aws,
+        region: "us-east-1".into(),
+        zone: "us-east-1a".into(),
+        instance_type: instance_type.into(),
+        market: Market::Spot,
+        offer_id: None,
+        client_token: format!("ct-{name}"),
+        hourly_price: Micros::parse_usd(hourly_usd).expect("price"),
+        on_demand_price: Micros::parse_usd("98.32").expect("price"),
+        cpu_milli,
+        memory_mib,
+        gpus: vec![gpu],
+        labels: Default::default(),
+    }
+}
+
+/// An H100 (80 GB), in MIG mode with the full layout when `mig`.
+pub fn h100(mig: bool) -> NewGpu {
+    NewGpu {
+        model: GpuModel::H100_80GB,
+        memory_mib: 81_559,
+        mig_enabled: mig,
+        mig_layout: MigLayout::full(),
+    }
+}
+
+/// An A10G, not in MIG mode.
+pub fn a10g() -> NewGpu {
+    NewGpu {
+        model: GpuModel::A10G,
+        memory_mib: 23_028,
+        mig_enabled: false,
+        mig_layout: MigLayout::empty(),
+    }
+}
+
+/// Stores `node` with its bootstrap token, as provisioning does, and registers an agent for it
+/// with `body` (its `node_id` set here): the node's id and its agent credential.
+pub async fn register_agent(srv: &TestServer, node: NewNode, mut body: Value) -> (NodeId, String) {
+    let now = chrono::Utc::now();
+    let (n, boot) = srv
+        .store()
+        .create_node_with_bootstrap(node, now + chrono::Duration::hours(1), now)
+        .await
+        .expect("node and token");
+    body["node_id"] = serde_json::json!(n.id);
+    let (s, v) = srv
+        .call(Method::POST, "/v1/agent/register", Some(&boot), Some(&body))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    (
+        n.id,
+        v["credential"].as_str().expect("credential").to_owned(),
+    )
 }
