@@ -7,8 +7,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use spotplane::model::Role;
 use spotplane::scheduler::{Assigned, Placement};
-use spotplane::store::{NewGpu, NewNode, NewToken};
-use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, MigLayout, NodeId, NodeState};
+use spotplane::store::{NewNode, NewToken};
+use spotplane_core::{JobId, NodeId, NodeState};
 
 on_both_databases!(
     a_bootstrap_token_is_exchanged_once_for_a_node_credential,

@@ -100,13 +100,16 @@ fn check_read_back(
     }
 }
 
+/// A kind of job the examples promise, and how to tell a file is one.
+type Kind<'a> = (&'a str, &'a dyn Fn(&Value) -> bool);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_example_job_is_accepted_and_reads_back_with_its_fields() {
     let files = example_files();
 
     // The five kinds the examples promise, each in some file.
     let shape = |v: &Value, k: &str| v["shape"].get(k).cloned().unwrap_or(Value::Null);
-    let kinds: [(&str, &dyn Fn(&Value) -> bool); 5] = [
+    let kinds: [Kind; 5] = [
         (
             "a single-GPU fine-tune with an image, a checkpoint and secrets",
             &|v| {

@@ -10,8 +10,7 @@ use common::{ADMIN_TOKEN, Backend, TestServer};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use spotplane::scheduler::{Assigned, Placement};
-use spotplane::store::{NewGpu, NewNode};
-use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, MigLayout, NodeId};
+use spotplane_core::{JobId, NodeId};
 
 on_both_databases!(
     the_team_reads_what_its_jobs_node_sent_and_no_other_team_can,

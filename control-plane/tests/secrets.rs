@@ -14,8 +14,8 @@ use spotplane::metrics::Metrics;
 use spotplane::scheduler::{Assigned, Placement};
 use spotplane::secrets::SecretsKey;
 use spotplane::store::entity::team_secret;
-use spotplane::store::{NewGpu, NewNode, NewTeam, SecretWrite, Store, StoreError};
-use spotplane_core::{Cloud, GpuModel, JobId, Market, Micros, MigLayout, NodeId};
+use spotplane::store::{NewTeam, SecretWrite, Store, StoreError};
+use spotplane_core::{JobId, NodeId};
 
 on_both_databases!(
     team_secrets_are_set_listed_and_deleted_and_their_values_never_come_back,
