@@ -282,11 +282,15 @@ mod tests {
             .iter()
             .map(|c| ProviderConfig::Sim(SimConfig::new(*c, 1)))
             .collect();
-        let providers = build(&cfgs, &c).await.expect("builds without ../shared/data");
+        let providers = build(&cfgs, &c)
+            .await
+            .expect("builds without ../shared/data");
         for p in &providers.all {
             let offers = p.list_offers().await.expect("offers");
             assert!(
-                offers.iter().any(|o| o.market == spotplane_core::Market::Spot),
+                offers
+                    .iter()
+                    .any(|o| o.market == spotplane_core::Market::Spot),
                 "{} sells spot",
                 p.cloud()
             );

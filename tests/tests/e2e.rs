@@ -365,7 +365,10 @@ fn demo_runs_from_a_bare_folder_on_the_shipped_market() {
     assert!(num("preemptions") > 0.0, "no preemptions in two hours: {s}");
     assert!(num("recoveries") > 0.0, "no recoveries: {s}");
     assert!(num("saving_pct") > 0.0, "no saving: {s}");
-    assert!(num("cost_usd") > 0.0 && num("cost_usd") < num("ondemand_equivalent_usd"), "{s}");
+    assert!(
+        num("cost_usd") > 0.0 && num("cost_usd") < num("ondemand_equivalent_usd"),
+        "{s}"
+    );
     // The demo's data went under the working folder, nothing under HOME.
     assert!(work.join("data/demo/day/spotplane.sqlite").exists());
     let in_home: Vec<_> = std::fs::read_dir(&home).expect("home").collect();

@@ -58,9 +58,8 @@ impl SimMarket {
 }
 
 /// The GCP price history shipped with the project (a subset of the recorded one).
-pub const GCP_PRICES: &str = include_str!(
-    "../../../data/market/gcp-gpu-prices/gcp_gpu_vm_price_changes.since-2026-06.csv"
-);
+pub const GCP_PRICES: &str =
+    include_str!("../../../data/market/gcp-gpu-prices/gcp_gpu_vm_price_changes.since-2026-06.csv");
 const GCP_PRICES_ORIGIN: &str =
     "data/market/gcp-gpu-prices/gcp_gpu_vm_price_changes.since-2026-06.csv";
 
@@ -197,7 +196,10 @@ mod tests {
                 (per_hour - want).abs() < 0.25 * want,
                 "{band}: {per_hour:.4} outages an hour, want {want:.4}"
             );
-            assert!(per_hour > last, "{band} is not more frequent than the band below");
+            assert!(
+                per_hour > last,
+                "{band} is not more frequent than the band below"
+            );
             last = per_hour;
             // Outages average MEAN_OUTAGE_S: the unavailable share is about rate × mean.
             let want_down = per_hour * MEAN_OUTAGE_S / 3600.0;
@@ -206,7 +208,11 @@ mod tests {
                 "{band}: unavailable {down:.4}, want about {want_down:.4}"
             );
         }
-        assert!(m.gcp_prices.len() > 100, "GCP series: {}", m.gcp_prices.len());
+        assert!(
+            m.gcp_prices.len() > 100,
+            "GCP series: {}",
+            m.gcp_prices.len()
+        );
     }
 
     #[test]
