@@ -254,7 +254,7 @@ mod tests {
             .collect();
         let ctx = BuildContext {
             clock: Arc::new(clock.clone()),
-            sim_market: super::SimMarket::Recorded(
+            sim_market: crate::sim::SimMarket::Recorded(
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
             ),
             catalog_dir: None,
