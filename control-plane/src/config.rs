@@ -947,4 +947,31 @@ mod tests {
         let fields: Vec<_> = errs.iter().map(|e| e.field.clone()).collect();
         assert_eq!(fields, ["providers[1].kind", "providers[1].error_rate"]);
     }
+
+    #[test]
+    fn the_market_is_recorded_when_the_folder_is_there_and_shipped_otherwise() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut sim = Config::embedded_default().expect("default").sim;
+        assert_eq!(sim.market, MarketChoice::Auto);
+        sim.data_dir = dir.path().to_path_buf();
+        assert_eq!(
+            sim.market().expect("market"),
+            SimMarket::Recorded(dir.path().to_path_buf())
+        );
+        sim.market = MarketChoice::Shipped;
+        assert_eq!(sim.market().expect("market"), SimMarket::Shipped);
+        sim.data_dir = dir.path().join("no-such-folder");
+        sim.market = MarketChoice::Auto;
+        assert_eq!(sim.market().expect("market"), SimMarket::Shipped);
+        sim.market = MarketChoice::Recorded;
+        let err = sim.market().expect_err("recorded needs the folder");
+        assert!(err.to_string().contains("no-such-folder"), "{err}");
+    }
+
+    #[test]
+    fn sim_market_is_read_from_the_environment_and_checked() {
+        let c = load_with(&[("SPOTPLANE_SIM__MARKET", "shipped")], None).expect("loads");
+        assert_eq!(c.sim.market, MarketChoice::Shipped);
+        assert!(load_with(&[("SPOTPLANE_SIM__MARKET", "replayed")], None).is_err());
+    }
 }
