@@ -320,7 +320,7 @@ pub async fn cycle(
             &config.providers,
             &spotplane_providers::registry::BuildContext {
                 clock: clock.clone(),
-                sim_data_dir: config.sim.resolved_data_dir(),
+                sim_market: config.sim.market()?,
                 catalog_dir: config.catalog.dir.clone(),
                 observer: None,
             },

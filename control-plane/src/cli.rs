@@ -172,7 +172,8 @@ pub struct DemoArgs {
     /// machine may not keep up; the page shows the simulated time.
     #[arg(long, default_value_t = 3600.0)]
     pub speed: f64,
-    /// The job stream: a Philly/Gavel trace (default: ../shared/data's 0e4a51 cluster).
+    /// The job stream: a Philly/Gavel trace (default: the 0e4a51 cluster, from sim.data_dir
+    /// with the recorded market, its first 400 jobs shipped with spotplane otherwise).
     #[arg(long)]
     pub workload: Option<PathBuf>,
     /// Simulated time per step of the world (agents, recovery, scheduling, capacity).

@@ -13,6 +13,7 @@ use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 use spotplane_core::FieldErrors;
 use spotplane_providers::config::ProviderConfig;
+use spotplane_providers::sim::SimMarket;
 
 /// The embedded default, the same file users read in the repository.
 pub const DEFAULT_TOML: &str = include_str!("../../config/spotplane.toml");
@@ -48,11 +49,26 @@ pub struct Config {
 pub struct SimSettings {
     /// The recorded traces simulated clouds replay (the repository's `../shared/data`).
     pub data_dir: PathBuf,
+    /// Which market simulated clouds replay: `auto` (the recorded traces of `data_dir` when
+    /// that folder is there, the market shipped in the binary otherwise), `recorded` (the
+    /// traces of `data_dir`, an error without them) or `shipped`.
+    #[serde(default)]
+    pub market: MarketChoice,
     /// Simulated seconds per real second for `spotplane serve` (1: real time). Above 1 the
     /// whole control plane runs on the accelerated clock: for trying the simulated clouds out,
     /// never for real ones.
     #[serde(default = "one")]
     pub speed: f64,
+}
+
+/// `sim.market`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MarketChoice {
+    #[default]
+    Auto,
+    Recorded,
+    Shipped,
 }
 
 fn one() -> f64 {
@@ -61,18 +77,48 @@ fn one() -> f64 {
 
 impl SimSettings {
     /// `data_dir` as given when it exists; a relative path that does not exist from the working
-    /// directory is tried from the repository checkout the binary was built in, so `spotplane
-    /// demo` finds `../shared/data` wherever it is started from.
+    /// directory is tried from the root of the repository checkout the binary was built in,
+    /// when the working directory is inside that checkout (so `cargo run` and `cargo test`
+    /// find `../shared/data` from any folder of the repository, and a copy of the binary run
+    /// elsewhere does not reach back into the build machine's checkout).
     pub fn resolved_data_dir(&self) -> PathBuf {
         if self.data_dir.is_absolute() || self.data_dir.exists() {
             return self.data_dir.clone();
         }
         let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let inside = match (
+            std::env::current_dir().and_then(std::fs::canonicalize),
+            std::fs::canonicalize(&checkout),
+        ) {
+            (Ok(cwd), Ok(root)) => cwd.starts_with(root),
+            _ => false,
+        };
         let candidate = checkout.join(&self.data_dir);
-        if candidate.exists() {
+        if inside && candidate.exists() {
             candidate
         } else {
             self.data_dir.clone()
+        }
+    }
+
+    /// The market simulated clouds replay (`sim.market`): with `auto`, the recorded traces
+    /// when [`Self::resolved_data_dir`] exists, the shipped market when it does not.
+    pub fn market(&self) -> anyhow::Result<SimMarket> {
+        let dir = self.resolved_data_dir();
+        match self.market {
+            MarketChoice::Shipped => Ok(SimMarket::Shipped),
+            MarketChoice::Auto if dir.is_dir() => Ok(SimMarket::Recorded(dir)),
+            MarketChoice::Auto => Ok(SimMarket::Shipped),
+            MarketChoice::Recorded => {
+                anyhow::ensure!(
+                    dir.is_dir(),
+                    "sim.market is \"recorded\" but sim.data_dir {} is not a folder (point \
+                     sim.data_dir at the recorded traces, ../shared/data in a checkout, or set \
+                     sim.market to \"auto\" or \"shipped\")",
+                    dir.display()
+                );
+                Ok(SimMarket::Recorded(dir))
+            }
         }
     }
 }
@@ -900,5 +946,32 @@ mod tests {
         };
         let fields: Vec<_> = errs.iter().map(|e| e.field.clone()).collect();
         assert_eq!(fields, ["providers[1].kind", "providers[1].error_rate"]);
+    }
+
+    #[test]
+    fn the_market_is_recorded_when_the_folder_is_there_and_shipped_otherwise() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut sim = Config::embedded_default().expect("default").sim;
+        assert_eq!(sim.market, MarketChoice::Auto);
+        sim.data_dir = dir.path().to_path_buf();
+        assert_eq!(
+            sim.market().expect("market"),
+            SimMarket::Recorded(dir.path().to_path_buf())
+        );
+        sim.market = MarketChoice::Shipped;
+        assert_eq!(sim.market().expect("market"), SimMarket::Shipped);
+        sim.data_dir = dir.path().join("no-such-folder");
+        sim.market = MarketChoice::Auto;
+        assert_eq!(sim.market().expect("market"), SimMarket::Shipped);
+        sim.market = MarketChoice::Recorded;
+        let err = sim.market().expect_err("recorded needs the folder");
+        assert!(err.to_string().contains("no-such-folder"), "{err}");
+    }
+
+    #[test]
+    fn sim_market_is_read_from_the_environment_and_checked() {
+        let c = load_with(&[("SPOTPLANE_SIM__MARKET", "shipped")], None).expect("loads");
+        assert_eq!(c.sim.market, MarketChoice::Shipped);
+        assert!(load_with(&[("SPOTPLANE_SIM__MARKET", "replayed")], None).is_err());
     }
 }

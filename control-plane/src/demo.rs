@@ -3,8 +3,10 @@
 //! SQLite and a local-folder object store under `--data-dir`, an admin token written next to
 //! them (or taken from `SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN`), the API and the live page on
 //! `--listen`, and a simulated world on an accelerated clock: the three simulated clouds
-//! replaying ../shared/data, nodes with in-process agents (`simagent`), and a stream of Philly
-//! jobs for three teams, run by the control plane's own recovery, scheduling and capacity loops
+//! replaying a market (`sim.market`: the recorded traces of ../shared/data when they are
+//! there, the market shipped in the binary otherwise; the demo prints which), nodes with
+//! in-process agents (`simagent`), and a stream of Philly jobs for three teams (from the same
+//! folder, or the subset shipped in `data/jobs/`), run by the control plane's own recovery, scheduling and capacity loops
 //! (`replay::World`). `--hours H` runs a fixed stretch as fast as it can and prints a summary.
 
 use std::io::Write;
@@ -13,12 +15,13 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use spotplane_providers::clock::ManualClock;
+use spotplane_providers::sim::SimMarket;
 
 use crate::cli::DemoArgs;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::planner::PlanPolicy;
-use crate::replay::{ReplaySpec, World};
+use crate::replay::{JobStream, ReplaySpec, World};
 use crate::server::{ServeOptions, Server, shutdown_signal};
 use crate::store::{Store, generate_secret};
 
@@ -127,6 +130,8 @@ pub async fn run(
         "  world        three simulated clouds, Philly jobs for three teams, at {}×",
         args.speed
     );
+    println!("  market       {}", spec.market.describe());
+    println!("  job stream   {}", spec.trace.describe());
     println!();
     println!("  try:  curl -s -H \"Authorization: Bearer {token}\" {url}/v1/teams");
     println!("  stop: Ctrl-C");
@@ -152,6 +157,10 @@ pub async fn run(
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DaySummary {
     pub hours: f64,
+    /// The market the simulated clouds replayed (`recorded: ...` or `shipped: ...`).
+    pub market: String,
+    /// Where the jobs came from.
+    pub job_stream: String,
     pub jobs_submitted: usize,
     pub jobs_finished: usize,
     pub preemptions: u64,
@@ -171,22 +180,28 @@ pub struct DaySummary {
 }
 
 fn world_spec(config: &Config, args: &DemoArgs, days: f64) -> anyhow::Result<ReplaySpec> {
-    let data = config.sim.resolved_data_dir();
-    let workload = args
-        .workload
-        .clone()
-        .unwrap_or_else(|| data.join("gpu-trace/philly-gavel/0e4a51.trace"));
-    anyhow::ensure!(
-        workload.exists(),
-        "the job stream {} is missing (pass --workload, or set sim.data_dir to the shared data)",
-        workload.display()
-    );
+    let market = config.sim.market()?;
+    let trace = match (&args.workload, &market) {
+        (Some(p), _) => JobStream::File(p.clone()),
+        (None, SimMarket::Recorded(dir)) => {
+            JobStream::File(dir.join("gpu-trace/philly-gavel/0e4a51.trace"))
+        }
+        (None, SimMarket::Shipped) => JobStream::Shipped,
+    };
+    if let JobStream::File(p) = &trace {
+        anyhow::ensure!(
+            p.exists(),
+            "the job stream {} is missing (pass --workload, or point sim.data_dir at the shared \
+             data, or set sim.market = \"shipped\" to use the job stream shipped with spotplane)",
+            p.display()
+        );
+    }
     Ok(ReplaySpec {
-        trace: workload,
+        trace,
         days,
         start: "2026-07-01T00:00:00Z".parse()?,
         step: chrono::Duration::from_std(args.step)?,
-        data_dir: data,
+        market,
         max_jobs: 400,
         seconds_per_step: 0.1,
         consolidation: true,
@@ -211,6 +226,7 @@ async fn run_day(config: Config, args: DemoArgs, hours: f64) -> anyhow::Result<(
     config.database.url = format!("sqlite://{}", dir.join("spotplane.sqlite").display());
     config.database.schema = None;
     let spec = world_spec(&config, &args, hours / 24.0)?;
+    tracing::info!(market = %spec.market.describe(), jobs = %spec.trace.describe(), "demo world");
     let store = Store::connect(&config.database, Metrics::new()).await?;
     store.migrate().await?;
     let clock = ManualClock::new(spec.start);
@@ -230,6 +246,8 @@ async fn run_day(config: Config, args: DemoArgs, hours: f64) -> anyhow::Result<(
     let o = world.outcome("spotplane", wall).await?;
     let s = DaySummary {
         hours,
+        market: spec.market.describe(),
+        job_stream: spec.trace.describe(),
         jobs_submitted: o.jobs_submitted,
         jobs_finished: o.jobs_finished,
         preemptions: o.preemptions,
@@ -252,6 +270,8 @@ async fn run_day(config: Config, args: DemoArgs, hours: f64) -> anyhow::Result<(
             "spotplane demo: {hours} simulated hours on three simulated clouds ({:.0} s)",
             s.wall_seconds
         );
+        println!("  market        {}", s.market);
+        println!("  job stream    {}", s.job_stream);
         println!(
             "  jobs          {} submitted, {} finished",
             s.jobs_submitted, s.jobs_finished

@@ -246,11 +246,11 @@ async fn replay_cmd(config: &Config, args: &spotplane::cli::ReplayArgs) -> anyho
     };
     anyhow::ensure!(args.days > 0.0, "--days must be more than 0");
     let spec = ReplaySpec {
-        trace: args.workload.clone(),
+        trace: replay::JobStream::File(args.workload.clone()),
         days: args.days,
         start: args.start,
         step: chrono::Duration::from_std(args.step)?,
-        data_dir: config.sim.resolved_data_dir(),
+        market: config.sim.market()?,
         max_jobs: args.max_jobs,
         seconds_per_step: args.seconds_per_step,
         consolidation: !args.no_consolidation,
@@ -309,7 +309,7 @@ async fn bench_sim(config: &Config, args: &SimBenchArgs) -> anyhow::Result<()> {
         &sims,
         &BuildContext {
             clock: Arc::new(clock.clone()),
-            sim_data_dir: config.sim.resolved_data_dir(),
+            sim_market: config.sim.market()?,
             catalog_dir: config.catalog.dir.clone(),
             observer: None,
         },
@@ -433,7 +433,7 @@ async fn bench_finance(config: &Config, args: &FinanceBenchArgs) -> anyhow::Resu
         &sims,
         &BuildContext {
             clock: Arc::new(clock.clone()),
-            sim_data_dir: config.sim.resolved_data_dir(),
+            sim_market: config.sim.market()?,
             catalog_dir: config.catalog.dir.clone(),
             observer: None,
         },
@@ -515,7 +515,7 @@ async fn offers(config: &Config, args: &OffersArgs) -> anyhow::Result<()> {
         &config.providers,
         &BuildContext {
             clock: Arc::new(SystemClock),
-            sim_data_dir: config.sim.resolved_data_dir(),
+            sim_market: config.sim.market()?,
             catalog_dir: config.catalog.dir.clone(),
             observer: None,
         },

@@ -42,7 +42,7 @@ use spotplane_core::{Cloud, JobId, JobState, NodeState};
 use spotplane_providers::clock::{Clock as _, ManualClock};
 use spotplane_providers::config::ProviderConfig;
 use spotplane_providers::registry::{self, BuildContext, Providers};
-use spotplane_providers::sim::SimConfig;
+use spotplane_providers::sim::{SimConfig, SimMarket};
 
 use crate::config::{Config, DatabaseConfig};
 use crate::metrics::Metrics;
@@ -61,18 +61,65 @@ pub struct TraceJob {
     pub work_hours: f64,
 }
 
+/// The jobs a replay submits.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobStream {
+    /// A Gavel trace file.
+    File(PathBuf),
+    /// The one shipped with the project ([`SHIPPED_JOBS`]).
+    Shipped,
+}
+
+/// The job stream shipped with the project: the first 400 jobs of Philly cluster 0e4a51 from
+/// the Gavel traces (MIT; `data/jobs/philly-gavel/`, with its source and licence), what the
+/// demo takes from the full file.
+pub const SHIPPED_JOBS: &str = include_str!("../../data/jobs/philly-gavel/0e4a51-first-400.trace");
+
+impl JobStream {
+    /// The stream's jobs, sorted by arrival.
+    pub fn load(&self, seconds_per_step: f64) -> anyhow::Result<Vec<TraceJob>> {
+        match self {
+            JobStream::File(p) => load_trace(p, seconds_per_step),
+            JobStream::Shipped => parse_trace(
+                SHIPPED_JOBS,
+                "data/jobs/philly-gavel/0e4a51-first-400.trace",
+                seconds_per_step,
+            ),
+        }
+    }
+
+    /// Where the jobs come from, in words.
+    pub fn describe(&self) -> String {
+        match self {
+            JobStream::File(p) => p.display().to_string(),
+            JobStream::Shipped => {
+                "shipped: Philly cluster 0e4a51, first 400 jobs (Gavel traces, MIT)".to_owned()
+            }
+        }
+    }
+}
+
 /// Reads a Gavel trace: tab-separated `job_type, command, num_steps_arg, needs_data_dir,
 /// total_steps, arrival_time, scale_factor`. Errors name the file and line.
 pub fn load_trace(path: &Path, seconds_per_step: f64) -> anyhow::Result<Vec<TraceJob>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_trace(&text, &path.display().to_string(), seconds_per_step)
+}
+
+/// Parses a Gavel trace read from `origin` (named in errors, with the line).
+pub fn parse_trace(
+    text: &str,
+    origin: &str,
+    seconds_per_step: f64,
+) -> anyhow::Result<Vec<TraceJob>> {
     let mut jobs = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         let f: Vec<&str> = line.split('\t').collect();
-        let bad = |what: &str| anyhow::anyhow!("{}:{}: {what}", path.display(), i + 1);
+        let bad = |what: &str| anyhow::anyhow!("{origin}:{}: {what}", i + 1);
         if f.len() != 7 {
             return Err(bad(&format!(
                 "expected 7 tab-separated fields, found {}",
@@ -149,11 +196,12 @@ pub struct ReplayOutcome {
 /// How to replay.
 #[derive(Debug, Clone)]
 pub struct ReplaySpec {
-    pub trace: PathBuf,
+    pub trace: JobStream,
     pub days: f64,
     pub start: DateTime<Utc>,
     pub step: Duration,
-    pub data_dir: PathBuf,
+    /// The market the simulated clouds replay.
+    pub market: SimMarket,
     /// Jobs at most (the busiest Philly clusters submit thousands).
     pub max_jobs: usize,
     /// GPU seconds one trace step takes.
@@ -250,7 +298,7 @@ impl World {
         policy: PlanPolicy,
         objects: &Path,
     ) -> anyhow::Result<World> {
-        let trace = load_trace(&spec.trace, spec.seconds_per_step)?;
+        let trace = spec.trace.load(spec.seconds_per_step)?;
         let horizon = spec.days * 86_400.0;
         let arrivals: Vec<TraceJob> = trace
             .into_iter()
@@ -268,7 +316,7 @@ impl World {
                 &sims,
                 &BuildContext {
                     clock: shared.clone(),
-                    sim_data_dir: spec.data_dir.clone(),
+                    sim_market: spec.market.clone(),
                     catalog_dir: None,
                     observer: None,
                 },
@@ -674,11 +722,13 @@ mod tests {
     /// A replay of `trace` from 2026-07-01 over the shared traces.
     fn spec_of(trace: PathBuf, days: f64, step_s: i64) -> ReplaySpec {
         ReplaySpec {
-            trace,
+            trace: JobStream::File(trace),
             days,
             start: "2026-07-01T00:00:00Z".parse().expect("time"),
             step: Duration::seconds(step_s),
-            data_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+            market: SimMarket::Recorded(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+            ),
             max_jobs: 10,
             seconds_per_step: 0.1,
             consolidation: true,

@@ -83,7 +83,7 @@ impl Server {
                 &config.providers,
                 &BuildContext {
                     clock: clock.clone(),
-                    sim_data_dir: config.sim.resolved_data_dir(),
+                    sim_market: config.sim.market()?,
                     catalog_dir: config.catalog.dir.clone(),
                     observer: Some(metrics.provider_observer()),
                 },

@@ -48,7 +48,9 @@ async fn sims_with(clock: &ManualClock, tune: impl FnOnce(&mut SimConfig)) -> Ar
     tune(&mut cfg);
     let ctx = BuildContext {
         clock: Arc::new(clock.clone()),
-        sim_data_dir: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+        sim_market: spotplane_providers::sim::SimMarket::Recorded(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+        ),
         catalog_dir: None,
         observer: None,
     };

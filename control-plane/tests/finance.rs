@@ -39,7 +39,7 @@ async fn week(backend: Backend, days: i64) {
         &db.config.providers,
         &BuildContext {
             clock: Arc::new(clock.clone()),
-            sim_data_dir: db.config.sim.resolved_data_dir(),
+            sim_market: db.config.sim.market().expect("the simulated market"),
             catalog_dir: None,
             observer: None,
         },

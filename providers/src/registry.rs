@@ -14,6 +14,7 @@ use crate::config::ProviderConfig;
 use crate::decorators::{Metered, Observer};
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 use crate::decorators::{RateLimited, Retrying};
+pub use crate::sim::SimMarket;
 use crate::sim::{SimCloud, SimTraces, traces::TraceError};
 
 /// Real cloud APIs: attempts per call, first and longest backoff, calls per second and burst.
@@ -35,8 +36,9 @@ const BURST: u32 = 10;
 #[derive(Clone)]
 pub struct BuildContext {
     pub clock: SharedClock,
-    /// The recorded traces the simulated clouds replay (`../shared/data` in a checkout).
-    pub sim_data_dir: PathBuf,
+    /// The market the simulated clouds replay: the recorded traces of a folder
+    /// (`../shared/data` in a checkout), or the one shipped in the binary.
+    pub sim_market: SimMarket,
     /// A folder of catalog CSVs replacing the ones built into the binary.
     pub catalog_dir: Option<PathBuf>,
     /// Reports every call (metrics); `None` reports nothing.
@@ -107,7 +109,7 @@ pub async fn build(
                 let t = match &traces {
                     Some(t) => Arc::clone(t),
                     None => {
-                        let t = Arc::new(SimTraces::load(&ctx.sim_data_dir)?);
+                        let t = Arc::new(SimTraces::for_market(&ctx.sim_market)?);
                         traces = Some(Arc::clone(&t));
                         t
                     }
@@ -244,7 +246,9 @@ mod tests {
             clock: Arc::new(ManualClock::new(
                 "2026-11-30T00:00:00Z".parse().expect("time"),
             )),
-            sim_data_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+            sim_market: SimMarket::Recorded(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+            ),
             catalog_dir: None,
             observer: None,
         }
@@ -271,9 +275,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_shipped_market_needs_no_data_folder() {
+        let mut c = ctx();
+        c.sim_market = SimMarket::Shipped;
+        let cfgs: Vec<ProviderConfig> = Cloud::ALL
+            .iter()
+            .map(|c| ProviderConfig::Sim(SimConfig::new(*c, 1)))
+            .collect();
+        let providers = build(&cfgs, &c)
+            .await
+            .expect("builds without ../shared/data");
+        for p in &providers.all {
+            let offers = p.list_offers().await.expect("offers");
+            assert!(
+                offers
+                    .iter()
+                    .any(|o| o.market == spotplane_core::Market::Spot),
+                "{} sells spot",
+                p.cloud()
+            );
+        }
+    }
+
+    #[tokio::test]
     async fn a_missing_trace_folder_is_named() {
         let mut c = ctx();
-        c.sim_data_dir = PathBuf::from("/nonexistent/shared/data");
+        c.sim_market = SimMarket::Recorded(PathBuf::from("/nonexistent/shared/data"));
         let err = build(&[ProviderConfig::Sim(SimConfig::new(Cloud::Aws, 1))], &c)
             .await
             .expect_err("no traces");

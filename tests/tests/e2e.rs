@@ -324,3 +324,57 @@ async fn the_cli_submits_lists_shows_and_cancels_jobs() {
         server.output()
     );
 }
+
+// Issue 22: the README's first command on a machine that has only the repository. The binary is
+// copied to a folder with no `../shared` beside it and run there with an empty HOME and no
+// SPOTPLANE_* settings: it must replay the market and jobs shipped in it.
+#[test]
+fn demo_runs_from_a_bare_folder_on_the_shipped_market() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let work = tmp.path().join("bare").join("clone");
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&work).expect("work folder");
+    std::fs::create_dir_all(&home).expect("home folder");
+    let exe = work.join("spotplane");
+    std::fs::copy(bin("spotplane"), &exe).expect("copy the binary");
+    // Nothing named shared is reachable the way the default sim.data_dir reads it.
+    assert!(!work.join("../shared").exists());
+    assert!(!work.join("../shared/data").exists());
+    let out = Command::new(&exe)
+        .current_dir(&work)
+        .env_clear()
+        .env("HOME", &home)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("SPOTPLANE_LOG__LEVEL", "warn")
+        .args(["demo", "--hours", "2", "--json"])
+        .output()
+        .expect("the copied binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "demo --hours 2 failed:\n{stdout}\n{stderr}"
+    );
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON summary in:\n{stdout}\n{stderr}"));
+    let s: Value = serde_json::from_str(line).expect("the summary is JSON");
+    let text = |k: &str| s[k].as_str().unwrap_or_default().to_owned();
+    let num = |k: &str| s[k].as_f64().unwrap_or_else(|| panic!("{k} in {s}"));
+    assert!(text("market").starts_with("shipped:"), "{s}");
+    assert!(text("job_stream").starts_with("shipped:"), "{s}");
+    assert!(num("jobs_submitted") > 0.0, "{s}");
+    assert!(num("preemptions") > 0.0, "no preemptions in two hours: {s}");
+    assert!(num("recoveries") > 0.0, "no recoveries: {s}");
+    assert!(num("saving_pct") > 0.0, "no saving: {s}");
+    assert!(
+        num("cost_usd") > 0.0 && num("cost_usd") < num("ondemand_equivalent_usd"),
+        "{s}"
+    );
+    // The demo's data went under the working folder, nothing under HOME.
+    assert!(work.join("data/demo/day/spotplane.sqlite").exists());
+    let in_home: Vec<_> = std::fs::read_dir(&home).expect("home").collect();
+    assert!(in_home.is_empty(), "the demo wrote to HOME: {in_home:?}");
+}

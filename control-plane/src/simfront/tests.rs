@@ -40,6 +40,7 @@ async fn node(flavour: Cloud) -> (Arc<SimCloud>, String, ManualClock) {
     let traces = Arc::new(SimTraces {
         availability: vec![Trace::new("always", 60, vec![0; 100], None)],
         gcp_prices: BTreeMap::new(),
+        ..Default::default()
     });
     let sim = Arc::new(SimCloud::new(
         cfg,

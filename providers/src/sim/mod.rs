@@ -3,8 +3,9 @@
 //! Each [`SimCloud`] carries the flavour of one real cloud — its instance types, regions, zones
 //! and prices from the catalog, its notice window (AWS 120 s, GCP and Azure 30 s) and its way
 //! of telling about interruptions (AWS through an event stream, the others only through the
-//! node's metadata endpoint). It replays recorded market data ([`traces`]): when spot capacity
-//! exists and when instances are taken, how spot prices move, and GCP's price history. On top,
+//! node's metadata endpoint). It replays a market ([`market`]): the recorded traces
+//! ([`traces`]) or the one shipped in the binary — when spot capacity exists and when instances
+//! are taken, how spot prices move, and GCP's price history. On top,
 //! boot delays, capacity limits per pool, and API errors and throttling at configurable rates.
 //! Everything is derived from the clock and the seed, so a run is reproducible and a week of
 //! traces replays as fast as the clock is moved.
@@ -12,6 +13,7 @@
 //! State is advanced lazily: every call first brings the simulation up to `clock.now()`, so
 //! there is no background task and nothing to shut down.
 
+pub mod market;
 pub mod replay;
 pub mod traces;
 
@@ -32,6 +34,7 @@ use crate::{
     CloudProvider, Instance, InstanceState, InterruptionEvent, InterruptionKind, Offer, PoolRef,
     PriceChange, ProviderError, ProvisionRequest,
 };
+pub use market::SimMarket;
 pub use traces::{SimTraces, Trace};
 
 /// How a simulated cloud behaves.
@@ -158,6 +161,9 @@ pub struct SimCloud {
     row_prices: Vec<RowPrices>,
     /// Where pool trace offsets are counted from.
     epoch: DateTime<Utc>,
+    /// With a banded market (the shipped one): by zone, then instance type, the traces of the
+    /// pool's interruption-frequency band. Empty otherwise.
+    pool_bands: HashMap<Arc<str>, HashMap<Arc<str>, Arc<[usize]>>>,
     state: Mutex<State>,
 }
 
@@ -253,9 +259,26 @@ impl SimCloud {
                 }
             })
             .collect();
+        let mut pool_bands: HashMap<Arc<str>, HashMap<Arc<str>, Arc<[usize]>>> = HashMap::new();
+        if !traces.bands.is_empty() {
+            for row in &catalog {
+                let band = row
+                    .interruption_bucket
+                    .as_deref()
+                    .filter(|b| traces.bands.contains_key(*b))
+                    .or(traces.default_band.as_deref());
+                if let Some(of_band) = band.and_then(|b| traces.bands.get(b)) {
+                    pool_bands
+                        .entry(Arc::clone(&row.zone))
+                        .or_default()
+                        .insert(Arc::clone(&row.instance_type), of_band.as_slice().into());
+                }
+            }
+        }
         SimCloud {
             cfg,
             row_prices,
+            pool_bands,
             clock,
             catalog,
             traces,
@@ -294,7 +317,10 @@ impl SimCloud {
             return None;
         }
         let h = stable_hash(&[self.cfg.flavour.as_str(), zone, itype], self.cfg.seed);
-        let idx = (h % n as u64) as usize;
+        let idx = match self.pool_bands.get(zone).and_then(|m| m.get(itype)) {
+            Some(of_band) if !of_band.is_empty() => of_band[(h % of_band.len() as u64) as usize],
+            _ => (h % n as u64) as usize,
+        };
         let len = self.traces.availability[idx].len().max(1) as u64;
         Some((idx, (h >> 20) % len))
     }

@@ -254,8 +254,9 @@ mod tests {
             .collect();
         let ctx = BuildContext {
             clock: Arc::new(clock.clone()),
-            sim_data_dir: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../shared/data"),
+            sim_market: crate::sim::SimMarket::Recorded(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+            ),
             catalog_dir: None,
             observer: None,
         };

@@ -33,6 +33,7 @@ fn traces() -> Arc<SimTraces> {
     Arc::new(SimTraces {
         availability: vec![Trace::new("t", 60, data, None)],
         gcp_prices: BTreeMap::new(),
+        ..Default::default()
     })
 }
 
@@ -341,6 +342,7 @@ fn moving_traces() -> Arc<SimTraces> {
             Some(vec![1.0, 1.0, 2.0, 2.0, 3.0]),
         )],
         gcp_prices: BTreeMap::new(),
+        ..Default::default()
     })
 }
 

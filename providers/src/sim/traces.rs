@@ -1,4 +1,5 @@
-//! The recorded market data the simulated clouds replay.
+//! The recorded market data the simulated clouds replay (the market shipped in the binary, for
+//! a clone without it, is in [`super::market`]).
 //!
 //! - Spot availability and preemptions: the "Can't Be Late" traces (Wu et al., NSDI '24;
 //!   `spot/cant-be-late/` in the shared data): one value per tick, 0 = a spot instance is
@@ -142,6 +143,12 @@ pub struct SimTraces {
     pub availability: Vec<Trace>,
     /// GCP price series by (machine type, region), oldest first.
     pub gcp_prices: BTreeMap<(String, String), Vec<PricePoint>>,
+    /// The shipped market's availability traces by interruption-frequency band (the catalog's
+    /// label): a pool follows one of its band's traces. Empty for recorded traces, where every
+    /// pool draws from all of them.
+    pub bands: BTreeMap<String, Vec<usize>>,
+    /// With `bands`, the band of catalog rows that carry none.
+    pub default_band: Option<String>,
 }
 
 impl SimTraces {
@@ -205,6 +212,8 @@ impl SimTraces {
         Ok(SimTraces {
             availability,
             gcp_prices,
+            bands: BTreeMap::new(),
+            default_band: None,
         })
     }
 }
