@@ -151,6 +151,9 @@ struct State {
     spot_outage: bool,
 }
 
+/// By zone, then instance type: the traces of the pool's interruption-frequency band.
+type PoolBands = HashMap<Arc<str>, HashMap<Arc<str>, Arc<[usize]>>>;
+
 /// One simulated cloud.
 pub struct SimCloud {
     cfg: SimConfig,
@@ -163,7 +166,7 @@ pub struct SimCloud {
     epoch: DateTime<Utc>,
     /// With a banded market (the shipped one): by zone, then instance type, the traces of the
     /// pool's interruption-frequency band. Empty otherwise.
-    pool_bands: HashMap<Arc<str>, HashMap<Arc<str>, Arc<[usize]>>>,
+    pool_bands: PoolBands,
     state: Mutex<State>,
 }
 
@@ -259,7 +262,7 @@ impl SimCloud {
                 }
             })
             .collect();
-        let mut pool_bands: HashMap<Arc<str>, HashMap<Arc<str>, Arc<[usize]>>> = HashMap::new();
+        let mut pool_bands: PoolBands = HashMap::new();
         if !traces.bands.is_empty() {
             for row in &catalog {
                 let band = row
