@@ -776,6 +776,7 @@ impl Runtime {
                 attempt,
                 command,
                 image,
+                working_dir,
                 env,
                 devices,
                 checkpoint_uri,
@@ -783,7 +784,6 @@ impl Runtime {
                 limits,
                 rendezvous,
                 secrets,
-                ..
             } => {
                 if let Some(r) = self.replicas.get(&(job_id, replica))
                     && r.attempt == attempt
@@ -809,6 +809,7 @@ impl Runtime {
                     checkpoint_uri,
                     resume_from,
                     image,
+                    working_dir,
                     limits,
                     gang: rendezvous.as_ref().is_some_and(|r| r.world_size > 1),
                     rendezvous,
@@ -994,6 +995,8 @@ struct StartSpec {
     resume_from: Option<String>,
     /// The job's image: the replica runs in a container of it.
     image: Option<String>,
+    /// Where the command starts (inside the image for a container).
+    working_dir: Option<String>,
     limits: Option<ReplicaLimits>,
     /// A replica of a gang of more than one (host networking in a container).
     gang: bool,
@@ -1134,6 +1137,7 @@ async fn start_as(ctx: &Ctx, s: StartSpec, run_as: Option<RunAs>) -> Result<Stri
         signal: ctx.signal,
         log: Some(log),
         run_as,
+        working_dir: s.working_dir.map(PathBuf::from),
         container: None,
     };
     if let (Some(engine), Some(image)) = (engine, &s.image) {

@@ -332,6 +332,7 @@ pub async fn upload(args: UploadBenchArgs) -> anyhow::Result<()> {
             // The benchmark measures the upload path, not isolation (which adds two walks of
             // the folder's entries, no copy).
             run_as: None,
+            working_dir: None,
             container: None,
         };
         let mut w = Workload::start(&launch)?;

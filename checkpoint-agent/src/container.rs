@@ -936,6 +936,10 @@ pub fn plan_create(l: &Launch, c: &ContainerLaunch) -> Result<CreatePlan, String
         a.push("--network".into());
         a.push("host".into());
     }
+    if let Some(d) = &l.working_dir {
+        a.push("--workdir".into());
+        a.push(d.display().to_string());
+    }
     if let Some(r) = &s.oci_runtime {
         a.push("--runtime".into());
         a.push(r.clone());
@@ -1546,6 +1550,7 @@ mod tests {
                 uid: 200_001,
                 gid: 200_001,
             }),
+            working_dir: None,
             container: None,
         }
     }
@@ -1753,6 +1758,7 @@ mod tests {
             ]
         );
         assert_eq!(values(a, "--network"), ["host"]);
+        assert!(values(a, "--workdir").is_empty(), "the image's own");
         assert_eq!(values(a, "--runtime"), ["runc"]);
         assert_eq!(
             values(a, "--ulimit"),
@@ -1776,6 +1782,16 @@ mod tests {
             .position(|x| x == "--security-opt=label=disable")
             .expect("extra");
         assert!(extra_at < image_at);
+        let mut l = launch();
+        l.working_dir = Some("/workspace".into());
+        let p = plan_create(&l, &c).expect("plan");
+        let workdir_at = p
+            .args
+            .iter()
+            .position(|x| x == "--workdir")
+            .expect("workdir");
+        assert_eq!(p.args[workdir_at + 1], "/workspace");
+        assert!(workdir_at < image_at);
         // Zero limits are no limits.
         c.limits = Some(ReplicaLimits {
             cpu_milli: 0,

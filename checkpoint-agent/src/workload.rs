@@ -81,6 +81,9 @@ pub struct Launch {
     pub log: Option<LogSink>,
     /// The user it runs as; the agent's own when `None`.
     pub run_as: Option<RunAs>,
+    /// Where the command starts: inside the image for a container (the image's own when
+    /// `None`), on the host otherwise (the agent's when `None`).
+    pub working_dir: Option<PathBuf>,
     /// Run in a container of the job's image, created beforehand by
     /// [`crate::container::create`]; on the host when `None`.
     pub container: Option<ContainerLaunch>,
@@ -97,6 +100,7 @@ impl std::fmt::Debug for Launch {
             .field("devices", &self.devices)
             .field("checkpoint_dir", &self.checkpoint_dir)
             .field("run_as", &self.run_as)
+            .field("working_dir", &self.working_dir)
             .field("container", &self.container)
             .finish_non_exhaustive()
     }
@@ -208,6 +212,17 @@ impl Workload {
             Some(c) => Runner::Container(ContainerRun::new(c)),
         };
         prepare_folders(l)?;
+        if let (Runner::Host, Some(dir)) = (&runner, &l.working_dir)
+            && !dir.is_dir()
+        {
+            return Err(WorkloadError::Io {
+                what: format!("the working directory {}", dir.display()),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "is not a folder on this node",
+                ),
+            });
+        }
         let marker = l.checkpoint_dir.join(MARKER);
         remove_if_present(&marker)?;
         let mut cmd = match &runner {
@@ -294,6 +309,9 @@ impl Workload {
         // std drops the supplementary groups (setgroups(0)) when a root parent sets a uid.
         if let Some(r) = l.run_as {
             cmd.uid(r.uid).gid(r.gid);
+        }
+        if let Some(d) = &l.working_dir {
+            cmd.current_dir(d);
         }
         if let Some(n) = l.node_id {
             cmd.env("SPOTPLANE_NODE_ID", n.to_string());
@@ -519,6 +537,7 @@ mod tests {
             signal: Signal::SIGUSR1,
             log: Some(LogSink::file(dir.join("log.txt"))),
             run_as: None,
+            working_dir: None,
             container: None,
         }
     }
@@ -606,6 +625,29 @@ mod tests {
         }
         let log = std::fs::metadata(tmp.path().join("log.txt")).expect("meta");
         assert_eq!((log.uid(), log.mode() & 0o777), (0, 0o600));
+    }
+
+    #[tokio::test]
+    async fn a_host_replica_starts_in_its_working_directory_or_says_it_is_missing() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let wd = dir.path().join("work space");
+        std::fs::create_dir(&wd).expect("mkdir");
+        let mut l = launch(dir.path(), "pwd");
+        l.working_dir = Some(wd.clone());
+        let mut w = Workload::start(&l).expect("start");
+        assert_eq!(w.wait().await.code, 0);
+        let log = std::fs::read_to_string(dir.path().join("log.txt")).expect("log");
+        assert_eq!(log.trim(), wd.display().to_string());
+
+        l.working_dir = Some(dir.path().join("missing"));
+        let e = match Workload::start(&l) {
+            Ok(_) => panic!("a missing folder must fail the start"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("working directory") && e.contains("missing") && e.contains("not a folder"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -292,6 +292,15 @@ async fn a_container_ignoring_sigterm_is_killed_after_the_grace_and_exit_codes_p
         (!spotplane_tests::container_exists(&container::container_name(seven, 0, 0))).then_some(())
     })
     .await;
+
+    // The job's working directory is where its command starts inside the image.
+    let wd = JobId(uuid::Uuid::now_v7());
+    let mut cmd = start(wd, &image, &["/bin/sh", "-c", "pwd"], &store);
+    cmd["working_dir"] = json!("/bin");
+    cp.queue(a.node, cmd);
+    let code = eventually("it exits", || cp.replica_exit(a.node, wd)).await;
+    assert_eq!(code, 0, "{}", output(&a, wd));
+    assert_eq!(output(&a, wd).trim(), "/bin");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

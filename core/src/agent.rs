@@ -347,6 +347,9 @@ pub enum CommandKind {
         command: Vec<String>,
         #[serde(default)]
         image: Option<String>,
+        /// The job's `working_dir`: where the command starts.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        working_dir: Option<String>,
         #[serde(default)]
         env: BTreeMap<String, String>,
         /// GPU indices for whole/shared GPUs, or the MIG device UUID for a MIG slice.

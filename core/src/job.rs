@@ -239,6 +239,12 @@ pub struct JobSpec {
     /// Container image, handed to the node agent as is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The directory the command starts in, an absolute path: inside the image for a job with
+    /// `image` (the image's own working directory when unset), on the node otherwise (the
+    /// agent's when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(example = "/workspace"))]
+    pub working_dir: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Environment variables filled from the team's secrets: variable name → secret name
@@ -290,6 +296,21 @@ pub struct JobSpec {
     /// checkpoint round.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub elastic: bool,
+}
+
+/// Checks a job's `working_dir`: an absolute path of at most 1024 characters, without control
+/// characters or `..`, the same rule for the control plane and the agent.
+pub fn check_working_dir(dir: &str) -> Result<(), &'static str> {
+    if !dir.starts_with('/') {
+        return Err("must be an absolute path (starting with '/')");
+    }
+    if dir.len() > 1024 || dir.chars().any(char::is_control) {
+        return Err("must be at most 1024 characters without control characters");
+    }
+    if dir.split('/').any(|part| part == "..") {
+        return Err("must not hold '..'");
+    }
+    Ok(())
 }
 
 /// Checks that `image` reads as an image reference (`[registry/]name[:tag][@digest]`) and as
@@ -384,6 +405,7 @@ impl JobSpec {
             memory_mib: DEFAULT_MEMORY_MIB,
             command,
             image: None,
+            working_dir: None,
             env: BTreeMap::new(),
             secrets: BTreeMap::new(),
             image_pull_secret: None,
@@ -492,6 +514,11 @@ impl JobSpec {
             && let Err(m) = check_image_reference(image)
         {
             errs.push("image", format!("is not an image reference: it {m}"));
+        }
+        if let Some(dir) = &self.working_dir
+            && let Err(m) = check_working_dir(dir)
+        {
+            errs.push("working_dir", m);
         }
         for (k, v) in &self.env {
             if !valid_env_name(k) {
@@ -1032,6 +1059,24 @@ mod tests {
             let want: &[&str] = if ok { &[] } else { &["image"] };
             assert_eq!(fields_of(&spec), want, "{image:?}");
         }
+
+        for (dir, ok) in [
+            ("/workspace", true),
+            ("/", true),
+            ("/home/ml/run 1", true),
+            ("workspace", false),
+            ("", false),
+            ("/a/../etc", false),
+            ("/a\nb", false),
+        ] {
+            let mut spec = base.clone();
+            spec.working_dir = Some(dir.into());
+            let want: &[&str] = if ok { &[] } else { &["working_dir"] };
+            assert_eq!(fields_of(&spec), want, "{dir:?}");
+        }
+        let mut spec = base.clone();
+        spec.working_dir = Some(format!("/{}", "a".repeat(1024)));
+        assert_eq!(fields_of(&spec), ["working_dir"]);
 
         for year in [10000, 2040] {
             let mut spec = base.clone();

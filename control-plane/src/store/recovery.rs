@@ -351,6 +351,7 @@ impl Store {
                 attempt,
                 command: spec.command.clone(),
                 image: spec.image.clone(),
+                working_dir: spec.working_dir.clone(),
                 env: spec.env.clone(),
                 devices: devices.clone(),
                 checkpoint_uri,
