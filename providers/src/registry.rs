@@ -110,6 +110,7 @@ pub async fn build(
                     Some(t) => Arc::clone(t),
                     None => {
                         let t = Arc::new(SimTraces::for_market(&ctx.sim_market)?);
+                        tracing::info!(market = %ctx.sim_market.describe(), "the simulated clouds replay this market");
                         traces = Some(Arc::clone(&t));
                         t
                     }
