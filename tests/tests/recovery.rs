@@ -509,8 +509,11 @@ impl Cluster {
         kill_agent(&self.agents, node);
     }
 
-    async fn stop(self) {
+    async fn stop(mut self) {
         self.launcher.abort();
+        // Aborting only asks: a launcher busy on another worker could still start one more agent
+        // after the list below is taken. Its end is awaited first.
+        let _ = (&mut self.launcher).await;
         let nodes: Vec<String> = self
             .agents
             .lock()
@@ -527,6 +530,25 @@ impl Cluster {
             if let Some(id) = n["id"].as_str() {
                 spotplane_tests::remove_node_containers(id);
             }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    /// A test that fails before `stop` still leaves no agent behind: a `Child` is not killed
+    /// when it is dropped.
+    fn drop(&mut self) {
+        self.launcher.abort();
+        let children: Vec<Child> = self
+            .agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
+        for mut c in children {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }
