@@ -662,7 +662,7 @@ impl Runtime {
             return false;
         }
         self.handled_notice = Some(n.clone());
-        let Some(deadline) = n.deadline.filter(|_| n.action != "rebalance") else {
+        let Some(deadline) = n.drain_deadline() else {
             return true;
         };
         self.notice_at = Some(self.ctx.now());

@@ -142,7 +142,7 @@ async fn notice_checkpoint_upload_and_resume_on_another_node_at_the_saved_step()
         cp.notice(a.node)
     })
     .await;
-    assert_eq!(notice.action, "terminate");
+    assert_eq!(notice.action.as_str(), "terminate");
     let saved = last_step(&log_of(&dir_a, job, 0), "checkpoint").expect("checkpoint line");
     assert!(saved > 10, "it trained a while first: {saved}");
     a.cancel.cancel();

@@ -18,8 +18,9 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use spotplane_core::agent::{
     AppliedMigLayout, CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger,
-    Command, CommandKind, CommandResult, ContainerEngineInfo, Heartbeat, NoticeSource,
-    PROTOCOL_VERSION, RegisterRequest, ReplicaPhase, ReplicaStatus, TerminationNotice,
+    Command, CommandKind, CommandResult, ContainerEngineInfo, Heartbeat, NoticeAction,
+    NoticeSource, PROTOCOL_VERSION, RegisterRequest, ReplicaPhase, ReplicaStatus,
+    TerminationNotice,
 };
 use spotplane_core::shape::GpuShape;
 use spotplane_core::{CheckpointId, Cloud, CommandId, JobId, NodeId, NodeState};
@@ -351,9 +352,8 @@ impl SimAgents {
             a.notice = Some(TerminationNotice {
                 source: source(a.cloud),
                 action: match a.cloud {
-                    Cloud::Aws => "terminate".into(),
-                    Cloud::Gcp => "preempt".into(),
-                    Cloud::Azure => "preempt".into(),
+                    Cloud::Aws => NoticeAction::Terminate,
+                    Cloud::Gcp | Cloud::Azure => NoticeAction::Preempt,
                 },
                 deadline: Some(n.deadline),
                 observed_at: seen,

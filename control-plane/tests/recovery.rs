@@ -420,7 +420,7 @@ async fn a_gang_survives_a_notice_a_loss_and_a_failure_and_finishes(backend: Bac
         a,
         TerminationNotice {
             source: NoticeSource::AwsInstanceAction,
-            action: "terminate".into(),
+            action: spotplane_core::agent::NoticeAction::Terminate,
             deadline: Some(deadline),
             observed_at: w.now(),
             event_id: None,
@@ -656,7 +656,7 @@ async fn an_elastic_gang_runs_on_while_its_lost_replicas_are_placed_again(backen
         c,
         TerminationNotice {
             source: NoticeSource::AwsInstanceAction,
-            action: "terminate".into(),
+            action: spotplane_core::agent::NoticeAction::Terminate,
             deadline: Some(w.now() + Duration::seconds(120)),
             observed_at: w.now(),
             event_id: None,

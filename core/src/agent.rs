@@ -286,39 +286,7 @@ pub enum ReplicaPhase {
     Exited,
 }
 
-/// Where a termination notice came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(rename_all = "kebab-case")]
-pub enum NoticeSource {
-    /// AWS IMDS `spot/instance-action`.
-    AwsInstanceAction,
-    /// AWS IMDS `events/recommendations/rebalance` (a warning with no deadline).
-    AwsRebalance,
-    /// AWS EventBridge via SQS (the control plane's own stream).
-    AwsEventBridge,
-    /// GCP metadata `instance/preempted`.
-    GcpPreempted,
-    /// Azure Scheduled Events `Preempt`.
-    AzureScheduledEvent,
-    /// A simulated cloud.
-    Simulated,
-}
-
-/// A cloud's announcement that it is taking the node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct TerminationNotice {
-    pub source: NoticeSource,
-    /// `terminate`, `stop`, `hibernate`, `preempt` or `rebalance`, as the cloud said it.
-    pub action: String,
-    /// When the node will be taken; `None` for a warning without a deadline.
-    pub deadline: Option<DateTime<Utc>>,
-    pub observed_at: DateTime<Utc>,
-    /// The cloud's own id for the event (Azure `EventId`), to acknowledge it.
-    #[serde(default)]
-    pub event_id: Option<String>,
-}
+pub use crate::notice::{NoticeAction, NoticeSource, TerminationNotice};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -12,6 +12,7 @@ pub mod job;
 pub mod mig;
 pub mod money;
 pub mod node;
+pub mod notice;
 pub mod rendezvous;
 pub mod shape;
 pub mod team;

@@ -140,18 +140,8 @@ pub struct InterruptionEvent {
     pub observed_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum InterruptionKind {
-    /// The instance will be reclaimed (AWS Spot Interruption Warning, GCP preemption, Azure Preempt).
-    Preemption,
-    /// The cloud advises moving off (AWS Rebalance Recommendation); no deadline.
-    Rebalance,
-    /// Scheduled maintenance (AWS Health scheduledChange).
-    Maintenance,
-    /// The instance is stopping or gone already.
-    Stopped,
-}
+/// What an interruption means; the same type the agent's notices map to.
+pub use spotplane_core::notice::InterruptionKind;
 
 /// Failures the planner branches on.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

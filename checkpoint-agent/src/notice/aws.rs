@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use reqwest::Method;
 use serde::Deserialize;
-use spotplane_core::agent::{NoticeSource as Source, TerminationNotice};
+use spotplane_core::agent::{NoticeAction, NoticeSource as Source, TerminationNotice};
 
 use super::{MetaRequest, MetadataHttp, NoticeError, NoticeSource};
 
@@ -131,15 +131,15 @@ impl NoticeSource for AwsImds {
                     path: INSTANCE_ACTION_PATH.into(),
                     reason: e.to_string(),
                 })?;
-            if !matches!(a.action.as_str(), "terminate" | "stop" | "hibernate") {
+            let Some(action) = NoticeAction::from_aws_instance_action(&a.action) else {
                 return Err(NoticeError::Malformed {
                     path: INSTANCE_ACTION_PATH.into(),
                     reason: format!("unknown action {:?}", a.action),
                 });
-            }
+            };
             return Ok(Some(TerminationNotice {
                 source: Source::AwsInstanceAction,
-                action: a.action,
+                action,
                 deadline: Some(a.time),
                 observed_at: now,
                 event_id: None,
@@ -153,7 +153,7 @@ impl NoticeSource for AwsImds {
                 })?;
             return Ok(Some(TerminationNotice {
                 source: Source::AwsRebalance,
-                action: "rebalance".into(),
+                action: NoticeAction::Rebalance,
                 deadline: None,
                 observed_at: now,
                 event_id: None,

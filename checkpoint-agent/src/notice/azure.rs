@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use reqwest::Method;
 use serde::Deserialize;
-use spotplane_core::agent::{NoticeSource as Source, TerminationNotice};
+use spotplane_core::agent::{NoticeAction, NoticeSource as Source, TerminationNotice};
 
 use super::{MetaRequest, MetadataHttp, NoticeError, NoticeSource};
 
@@ -105,7 +105,7 @@ impl NoticeSource for AzureScheduledEvents {
         tracing::debug!(event = %e.event_id, status = %e.event_status, "azure preempt event");
         Ok(Some(TerminationNotice {
             source: Source::AzureScheduledEvent,
-            action: "preempt".into(),
+            action: NoticeAction::Preempt,
             deadline: Some(deadline),
             observed_at: now,
             event_id: Some(e.event_id),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use spotplane_core::agent::{NoticeSource as Source, TerminationNotice};
+use spotplane_core::agent::{NoticeAction, NoticeSource as Source, TerminationNotice};
 
 use super::{MetaRequest, MetadataHttp, NoticeError, NoticeSource};
 
@@ -87,7 +87,7 @@ impl NoticeSource for GcpMetadata {
         match resp.text().trim() {
             "TRUE" => Ok(Some(TerminationNotice {
                 source: Source::GcpPreempted,
-                action: "preempt".into(),
+                action: NoticeAction::Preempt,
                 deadline: Some(now + chrono::Duration::seconds(NOTICE_WINDOW_SECS)),
                 observed_at: now,
                 event_id: None,

@@ -202,7 +202,7 @@ async fn aws_timeline_no_notice_then_notice_then_garbage_then_down_then_withdraw
         .clone()
         .expect("notice seen at the next poll");
     assert_eq!(n.source, Source::AwsInstanceAction);
-    assert_eq!(n.action, "terminate");
+    assert_eq!(n.action.as_str(), "terminate");
     assert_eq!(
         n.deadline.map(|d| d.to_rfc3339()),
         Some("2027-01-15T08:02:15+00:00".into())

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use spotplane_core::agent::CommandKind;
-use spotplane_providers::InterruptionKind;
 use spotplane_providers::registry::Providers;
 
 use crate::clock::SharedClock;
@@ -78,9 +77,7 @@ impl RecoveryLoop {
                 }
             };
             for e in events {
-                let (Some(deadline), InterruptionKind::Preemption | InterruptionKind::Maintenance) =
-                    (e.deadline, e.kind)
-                else {
+                let Some(deadline) = e.deadline.filter(|_| e.kind.drains()) else {
                     tracing::debug!(cloud = %p.cloud(), instance = %e.provider_id, kind = ?e.kind, "interruption event without a deadline; noted only");
                     continue;
                 };

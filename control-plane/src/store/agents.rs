@@ -1120,7 +1120,7 @@ impl Store {
                 && let Some(n) = &hb.notice
             {
                 let mut drained = false;
-                if let Some(deadline) = n.deadline.filter(|_| n.action != "rebalance") {
+                if let Some(deadline) = n.drain_deadline() {
                     let state: NodeState = parse_col("nodes", &node_row.id, &node_row.state)?;
                     let reason = format!(
                         "termination notice ({}, {}) for {}",

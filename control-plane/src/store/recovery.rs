@@ -191,10 +191,9 @@ impl Store {
                     notice_deadline: n.notice_deadline,
                     notice_seen_at: notice
                         .as_ref()
-                        .filter(|n| n.deadline.is_some() && n.action != "rebalance")
+                        .filter(|n| n.drain_deadline().is_some())
                         .map(|n| n.observed_at),
-                    agent_saw_notice: notice
-                        .is_some_and(|n| n.deadline.is_some() && n.action != "rebalance"),
+                    agent_saw_notice: notice.is_some_and(|n| n.drain_deadline().is_some()),
                     agent_last_seen: agent
                         .and_then(|a| a.last_heartbeat_at.or(Some(a.registered_at))),
                     // A node's row changes with its state (heartbeats touch other columns).
