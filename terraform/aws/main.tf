@@ -9,7 +9,7 @@ data "aws_partition" "current" {}
 
 locals {
   account   = data.aws_caller_identity.current.account_id
-  region    = data.aws_region.current.name
+  region    = data.aws_region.current.region
   partition = data.aws_partition.current.partition
 
   # The control plane's cluster tag (providers/src/lib.rs, tags::CLUSTER) goes on everything.

@@ -12,9 +12,11 @@ resource "azurerm_log_analytics_workspace" "this" {
 }
 
 resource "azurerm_container_app_environment" "this" {
+  # Provider 5.0 takes log_analytics_workspace_id only with logs_destination = "log-analytics".
   name                           = "${var.name}-env"
   location                       = var.location
   resource_group_name            = azurerm_resource_group.control.name
+  logs_destination               = "log-analytics"
   log_analytics_workspace_id     = azurerm_log_analytics_workspace.this.id
   infrastructure_subnet_id       = azurerm_subnet.control_plane.id
   internal_load_balancer_enabled = true
@@ -36,20 +38,18 @@ resource "azurerm_private_dns_zone" "environment" {
 
 resource "azurerm_private_dns_a_record" "environment" {
   name                = "*"
-  zone_name           = azurerm_private_dns_zone.environment.name
-  resource_group_name = azurerm_resource_group.control.name
+  private_dns_zone_id = azurerm_private_dns_zone.environment.id
   ttl                 = 300
   records             = [azurerm_container_app_environment.this.static_ip_address]
   tags                = local.tags
 }
 
 resource "azurerm_private_dns_zone_virtual_network_link" "environment" {
-  name                  = "${var.name}-environment"
-  resource_group_name   = azurerm_resource_group.control.name
-  private_dns_zone_name = azurerm_private_dns_zone.environment.name
-  virtual_network_id    = azurerm_virtual_network.this.id
-  registration_enabled  = false
-  tags                  = local.tags
+  name                 = "${var.name}-environment"
+  private_dns_zone_id  = azurerm_private_dns_zone.environment.id
+  virtual_network_id   = azurerm_virtual_network.this.id
+  registration_enabled = false
+  tags                 = local.tags
 }
 
 locals {

@@ -96,7 +96,7 @@ resource "azurerm_role_definition" "checkpoint_blobs" {
 }
 
 resource "azurerm_role_assignment" "control_plane_checkpoints" {
-  scope              = azurerm_storage_container.checkpoints.resource_manager_id
+  scope              = azurerm_storage_container.checkpoints.id
   role_definition_id = azurerm_role_definition.checkpoint_blobs.role_definition_resource_id
   principal_id       = azurerm_user_assigned_identity.control_plane.principal_id
   principal_type     = "ServicePrincipal"
@@ -118,7 +118,7 @@ resource "azurerm_role_assignment" "control_plane_secrets" {
 # Nodes: blobs under the checkpoint prefix only, by an attribute-based condition: reads,
 # writes and deletes must name a path under it, and listing must ask for a prefix under it.
 resource "azurerm_role_assignment" "node_checkpoints" {
-  scope              = azurerm_storage_container.checkpoints.resource_manager_id
+  scope              = azurerm_storage_container.checkpoints.id
   role_definition_id = azurerm_role_definition.checkpoint_blobs.role_definition_resource_id
   principal_id       = azurerm_user_assigned_identity.node.principal_id
   principal_type     = "ServicePrincipal"

@@ -15,7 +15,14 @@ resource "azurerm_subnet" "control_plane" {
   resource_group_name  = azurerm_resource_group.control.name
   virtual_network_name = azurerm_virtual_network.this.name
   address_prefixes     = [var.control_plane_subnet_cidr]
-  service_endpoints    = ["Microsoft.Storage", "Microsoft.KeyVault"]
+
+  service_endpoint {
+    service = "Microsoft.Storage"
+  }
+
+  service_endpoint {
+    service = "Microsoft.KeyVault"
+  }
 
   delegation {
     name = "container-apps"
@@ -46,7 +53,10 @@ resource "azurerm_subnet" "nodes" {
   resource_group_name  = azurerm_resource_group.control.name
   virtual_network_name = azurerm_virtual_network.this.name
   address_prefixes     = [var.node_subnet_cidr]
-  service_endpoints    = ["Microsoft.Storage"]
+
+  service_endpoint {
+    service = "Microsoft.Storage"
+  }
 }
 
 # Azure's default rules allow traffic within the virtual network and deny inbound from the

@@ -59,7 +59,7 @@ resource "azurerm_role_assignment" "operator_creates_container" {
 resource "azurerm_storage_container" "checkpoints" {
   #checkov:skip=CKV2_AZURE_21:Blob reads, writes and deletes are logged to Log Analytics by the diagnostic setting below; the Storage Insights resource this check looks for needs the account key, and shared keys are off.
   name                  = local.container
-  storage_account_name  = azurerm_storage_account.checkpoints.name
+  storage_account_id    = azurerm_storage_account.checkpoints.id
   container_access_type = "private"
 
   depends_on = [azurerm_role_assignment.operator_creates_container]

@@ -1,11 +1,15 @@
 terraform {
-  # Terraform 1.0.3 is what the checks run (scripts/test-terraform); nothing here needs newer.
+  # Terraform 1.0.3 is what the checks run (scripts/test-terraform), and the pinned provider
+  # majors support it (docs/deploy.md, Provider versions); nothing here needs newer: no
+  # optional() attributes, moved/import blocks, nullable, preconditions, provider functions,
+  # write-only arguments or newer functions.
   required_version = ">= 1.0.3, < 2.0.0"
 
+  # The current majors; the module follows the AzureRM 4.0 and 5.0 upgrade guides.
   required_providers {
     azurerm = {
       source  = "hashicorp/azurerm"
-      version = "~> 3.110"
+      version = "~> 5.0"
     }
     random = {
       source  = "hashicorp/random"

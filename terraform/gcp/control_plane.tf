@@ -29,6 +29,10 @@ resource "google_cloud_run_v2_service" "control_plane" {
   ingress  = "INGRESS_TRAFFIC_INTERNAL_ONLY"
   labels   = local.labels
 
+  # Provider 6.0 added deletion_protection here, default true: follow the module's switch so
+  # deletion_protection = false lets terraform destroy remove the service.
+  deletion_protection = var.deletion_protection
+
   template {
     service_account = google_service_account.control_plane.email
     labels          = local.labels

@@ -16,7 +16,10 @@ resource "google_sql_database_instance" "this" {
   deletion_protection = var.deletion_protection
 
   settings {
+    # edition: unset, the Cloud SQL API picks ENTERPRISE_PLUS for POSTGRES_16 and later, which
+    # refuses custom and shared-core tiers (the default db-custom-1-3840): name the one the tier needs.
     tier                        = var.db_tier
+    edition                     = can(regex("^db-perf-optimized-", var.db_tier)) ? "ENTERPRISE_PLUS" : "ENTERPRISE"
     availability_type           = var.db_availability_type
     disk_type                   = "PD_SSD"
     disk_size                   = var.db_disk_size_gb

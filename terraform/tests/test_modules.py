@@ -15,6 +15,10 @@ What is checked, and against what:
 - the node boot script starts `spotplane-agent run` with the agreed flags;
 - Terraform 1.0.3 compatibility beyond what `terraform providers` already loads: no blocks,
   arguments or functions from later versions;
+- the pinned provider majors (aws 6, google 7, azurerm 5): no argument or attribute their
+  upgrade guides (AWS 6, Google 6 and 7, AzureRM 4 and 5) removed, and the changes those guides
+  required of these modules (region attribute, deletion protection, renamed Azure arguments,
+  resource provider registration) in place;
 - variables are typed, described and validated; tags/labels carry spotplane-cluster
   (providers/src/lib.rs tags::CLUSTER); every checkov skip gives its reason.
 """
@@ -165,12 +169,74 @@ UNTAGGABLE = {
 }
 TAG_ARGS = ("tags", "labels", "user_labels", "settings")  # settings: Cloud SQL's user_labels
 
+# The majors the modules are written for (docs/deploy.md, Provider versions). Moving one means
+# going through its upgrade guide and extending REMOVED_ARGS / the breaking-change test below.
 PROVIDER_PINS = {
-    "aws": {"source": "hashicorp/aws", "majors": {"5"}},
-    "google": {"source": "hashicorp/google", "majors": {"5", "6"}},
-    "azurerm": {"source": "hashicorp/azurerm", "majors": {"3", "4"}},
+    "aws": {"source": "hashicorp/aws", "majors": {"6"}},
+    "google": {"source": "hashicorp/google", "majors": {"7"}},
+    "azurerm": {"source": "hashicorp/azurerm", "majors": {"5"}},
     "random": {"source": "hashicorp/random", "majors": {"3"}},
 }
+
+# Arguments (dotted paths into nested blocks) the provider upgrade guides remove or rename, for
+# the resource types the modules use or might plausibly use: AWS 6.0, Google 6.0 and 7.0,
+# AzureRM 4.0 and 5.0. A module setting one would fail to plan on the pinned major.
+REMOVED_ARGS = {
+    # AWS 6.0
+    "aws_launch_template": {"elastic_gpu_specifications", "elastic_inference_accelerator"},
+    "aws_ecs_task_definition": {"inference_accelerator"},
+    "aws_instance": {"cpu_core_count", "cpu_threads_per_core"},
+    "aws_spot_instance_request": {"block_duration_minutes"},
+    "aws_eip": {"vpc"},
+    "aws_flow_log": {"log_group_name"},
+    # Google 6.0 / 7.0
+    "google_sql_database_instance": {"settings.ip_configuration.require_ssl"},
+    "google_storage_bucket": {"lifecycle_rule.condition.no_age"},
+    "google_compute_subnetwork": {"enable_flow_logs"},
+    "google_project": {"skip_delete"},
+    # AzureRM 4.0 / 5.0
+    "azurerm_key_vault": {"enable_rbac_authorization", "contact"},
+    "azurerm_storage_account": {"enable_https_traffic_only", "queue_properties", "static_website"},
+    "azurerm_storage_container": {"storage_account_name"},
+    "azurerm_subnet": {
+        "service_endpoints", "private_endpoint_network_policies_enabled",
+        "enforce_private_link_endpoint_network_policies", "enforce_private_link_service_network_policies",
+    },
+    "azurerm_virtual_network": {"subnet.service_endpoints"},
+    "azurerm_private_dns_a_record": {"zone_name", "resource_group_name"},
+    "azurerm_private_dns_zone_virtual_network_link": {"private_dns_zone_name", "resource_group_name"},
+    "azurerm_monitor_diagnostic_setting": {"log", "metric", "enabled_log.retention_policy"},
+    "azurerm_log_analytics_workspace": {
+        "local_authentication_disabled", "internet_ingestion_enabled", "internet_query_enabled",
+    },
+    "azurerm_container_app": {
+        "template.container.liveness_probe.termination_grace_period_seconds",
+        "template.container.startup_probe.termination_grace_period_seconds",
+    },
+}
+
+# Attributes the guides remove or deprecate, as references: TYPE.NAME.ATTR in expressions.
+REMOVED_ATTRS = {
+    "data.aws_region": {"name", "id"},  # AWS 6.0: use .region
+    "aws_s3_bucket": {"region"},  # AWS 6.0: region is now the resource's own; use bucket_region
+    "azurerm_storage_container": {"resource_manager_id"},  # AzureRM 5.0: use id
+}
+
+# Azure resource providers each resource type needs registered (AzureRM 5.0 registers none by
+# default); Microsoft.Compute for the VMs the control plane creates.
+AZURE_RESOURCE_PROVIDERS = (
+    ("azurerm_container_app", "Microsoft.App"),
+    ("azurerm_log_analytics_", "Microsoft.OperationalInsights"),
+    ("azurerm_postgresql_flexible_", "Microsoft.DBforPostgreSQL"),
+    ("azurerm_key_vault", "Microsoft.KeyVault"),
+    ("azurerm_storage_", "Microsoft.Storage"),
+    ("azurerm_user_assigned_identity", "Microsoft.ManagedIdentity"),
+    ("azurerm_monitor_", "Microsoft.Insights"),
+    ("azurerm_private_dns_", "Microsoft.Network"),
+    ("azurerm_virtual_network", "Microsoft.Network"),
+    ("azurerm_subnet", "Microsoft.Network"),
+    ("azurerm_network_security_group", "Microsoft.Network"),
+)
 
 
 def terraform():
@@ -395,6 +461,81 @@ class Modules(unittest.TestCase):
                     m = re.match(r"^~> (\d+)\.\d+$", uq(spec["version"]))
                     self.assertTrue(m and m.group(1) in pin["majors"], f"{name}: {local} pinned as {spec['version']}")
 
+    def test_provider_major_breaking_changes(self):
+        """The breaking changes of AWS 6, Google 6 and 7, AzureRM 4 and 5 that touch these modules."""
+        every = list(self.docs.items()) + [(f"examples/{c}", d) for c, d in self.examples.items()]
+        seen = set()
+        for name, doc in every:
+            for kind in ("resource", "data"):
+                for f, ty, rname, body in resources(doc, kind):
+                    seen.add(ty)
+                    removed = REMOVED_ARGS.get(ty, set()) & set(arg_paths(body))
+                    self.assertFalse(removed, f"{f}: {ty}.{rname} sets what the pinned major removed: {removed}")
+        self.assertTrue(seen & set(REMOVED_ARGS), "no module uses a type REMOVED_ARGS covers; the scan is broken")
+
+        for path in glob.glob(os.path.join(TF, "**", "*.tf"), recursive=True):
+            code = code_of(path)
+            for ty, attrs in REMOVED_ATTRS.items():
+                for m in re.finditer(re.escape(ty) + r"\.[a-z0-9_]+(?:\[[^\]]*\])?\.([a-z0-9_]+)\b", code):
+                    self.assertNotIn(m.group(1), attrs, f"{path}: {m.group(0)} is removed or deprecated in the pinned major")
+
+        # AWS 6.0: the region comes from aws_region's region attribute.
+        self.assertEqual(locals_of(self.docs["aws"])["region"], "${data.aws_region.current.region}")
+        # AWS 6.0: aws_ami with most_recent must name an owner (or filter on owner-id / image-id).
+        for f, ty, rname, body in resources(self.docs["aws"], "data"):
+            if ty == "aws_ami" and body.get("most_recent") is True:
+                filters = {uq(x["name"]) for x in body.get("filter", [])}
+                self.assertTrue(body.get("owners") or filters & {"owner-id", "image-id"}, f"{f}: aws_ami.{rname}")
+        # AWS 6.0: nullable booleans take true/false only, not 0/1.
+        lt = {n: b for _, t, n, b in resources(self.docs["aws"]) if t == "aws_launch_template"}["node"]
+        for k, v in lt["block_device_mappings"][0]["ebs"][0].items():
+            if k in ("encrypted", "delete_on_termination"):
+                self.assertIs(v, True, f"aws_launch_template.node ebs.{k} must be a bool")
+
+        gcp = {(t, n): b for _, t, n, b in resources(self.docs["gcp"])}
+        # Google 6.0: Cloud Run v2 services default to deletion_protection = true; follow the switch.
+        runs = [b for (t, _), b in gcp.items() if t == "google_cloud_run_v2_service"]
+        self.assertTrue(runs)
+        for b in runs:
+            self.assertEqual(b.get("deletion_protection"), "${var.deletion_protection}")
+        # Google 7.0: disable_on_destroy now defaults to false; keep it explicit.
+        for (t, n), b in gcp.items():
+            if t == "google_project_service":
+                self.assertIs(b.get("disable_on_destroy"), False, f"google_project_service.{n}")
+        # Google 6.0.1 removed require_ssl: TLS is required through ssl_mode.
+        sql = gcp[("google_sql_database_instance", "this")]["settings"][0]
+        self.assertEqual(uq(sql["ip_configuration"][0]["ssl_mode"]), "ENCRYPTED_ONLY")
+        # The API's edition default (ENTERPRISE_PLUS for POSTGRES_16+) refuses the default tier.
+        self.assertIn("edition", sql)
+        self.assertIn('"ENTERPRISE"', str(sql["edition"]))
+
+        az = {(t, n): b for _, t, n, b in resources(self.docs["azure"])}
+        # AzureRM 5.0: rbac_authorization_enabled is required on Key Vault.
+        self.assertIs(az[("azurerm_key_vault", "this")].get("rbac_authorization_enabled"), True)
+        # AzureRM 5.0: a Log Analytics workspace is used only with logs_destination = log-analytics.
+        for (t, n), b in az.items():
+            if t == "azurerm_container_app_environment" and "log_analytics_workspace_id" in b:
+                self.assertEqual(uq(b.get("logs_destination")), "log-analytics", f"{t}.{n}")
+        # AzureRM 5.0: storage containers and private DNS children name their parent by id.
+        self.assertIn("storage_account_id", az[("azurerm_storage_container", "checkpoints")])
+        for (t, n), b in az.items():
+            if t in ("azurerm_private_dns_a_record", "azurerm_private_dns_zone_virtual_network_link"):
+                self.assertRegex(b["private_dns_zone_id"], r"azurerm_private_dns_zone\.[a-z_]+\.id", f"{t}.{n}")
+        # AzureRM 5.0: service endpoints are service_endpoint blocks; the firewalls need them.
+        endpoints = {n: {uq(e["service"]) for e in b.get("service_endpoint", [])} for (t, n), b in az.items() if t == "azurerm_subnet"}
+        self.assertEqual(endpoints["control_plane"], {"Microsoft.Storage", "Microsoft.KeyVault"})
+        self.assertEqual(endpoints["nodes"], {"Microsoft.Storage"})
+
+        # AzureRM 4.0: subscription_id in the provider block; 5.0: no skip_provider_registration,
+        # and nothing registered by default, so the example registers what the module uses.
+        (_, blocks), = [(f, b) for f, b in self.examples["azure"]["provider"]]
+        prov = {uq(k): v for k, v in blocks.items()}["azurerm"]
+        self.assertEqual(prov.get("subscription_id"), "${var.subscription_id}")
+        self.assertNotIn("skip_provider_registration", prov)
+        registered = {uq(r) for r in prov.get("resource_providers_to_register", [])}
+        needed = {"Microsoft.Compute"} | {rp for ty in {t for t, _ in az} for pre, rp in AZURE_RESOURCE_PROVIDERS if ty.startswith(pre)}
+        self.assertFalse(needed - registered, f"examples/azure registers too few resource providers: {needed - registered}")
+
     def test_variables_are_typed_described_and_validated(self):
         for cloud in CLOUDS:
             for name, body in variables(self.docs[cloud]).items():
@@ -433,6 +574,29 @@ class Modules(unittest.TestCase):
         for path in glob.glob(os.path.join(TF, "**", "*.tf"), recursive=True):
             for m in re.finditer(r"checkov:skip=([A-Z0-9_]+)(?::(.*))?", read(path)):
                 self.assertTrue(m.group(2) and len(m.group(2).strip()) >= 30, f"{path}: {m.group(1)} skipped without a reason")
+
+
+def arg_paths(body, prefix=""):
+    """Dotted paths of every argument and nested block of a parsed block, dynamic blocks included."""
+    for k, v in body.items():
+        if k.startswith("__"):
+            continue
+        if k == "dynamic":
+            for dyn in v:
+                for name, d in dyn.items():
+                    yield prefix + uq(name)
+                    for content in d.get("content", []) if isinstance(d.get("content"), list) else [d.get("content", {})]:
+                        yield from arg_paths(content, prefix + uq(name) + ".")
+            continue
+        yield prefix + k
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for x in v:
+                yield from arg_paths(x, prefix + k + ".")
+
+
+def code_of(path):
+    """A .tf file without its comment lines (and without trailing # comments)."""
+    return "\n".join(re.sub(r"\s#[^\"]*$", "", l) for l in read(path).splitlines() if not l.lstrip().startswith(("#", "//")))
 
 
 def called_functions(node):

@@ -22,7 +22,7 @@ terraform {
   required_providers {
     azurerm = {
       source  = "hashicorp/azurerm"
-      version = "~> 3.110"
+      version = "~> 5.0"
     }
     random = {
       source  = "hashicorp/random"
@@ -32,6 +32,24 @@ terraform {
 }
 
 provider "azurerm" {
+  # Required since provider 4.0 (or ARM_SUBSCRIPTION_ID).
+  subscription_id = var.subscription_id
+
+  # Since provider 5.0 nothing is registered by default: register the resource providers the
+  # module and the control plane use (needs */register/action on the subscription; drop this
+  # where they are registered already).
+  resource_providers_to_register = [
+    "Microsoft.App",
+    "Microsoft.Compute",
+    "Microsoft.DBforPostgreSQL",
+    "Microsoft.Insights",
+    "Microsoft.KeyVault",
+    "Microsoft.ManagedIdentity",
+    "Microsoft.Network",
+    "Microsoft.OperationalInsights",
+    "Microsoft.Storage",
+  ]
+
   # The storage account has shared keys off: the container is created with Entra ID.
   storage_use_azuread = true
 
@@ -39,6 +57,16 @@ provider "azurerm" {
     key_vault {
       purge_soft_delete_on_destroy = false
     }
+  }
+}
+
+variable "subscription_id" {
+  type        = string
+  description = "The Azure subscription (a GUID) the cluster is created in."
+
+  validation {
+    condition     = can(regex("^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", var.subscription_id))
+    error_message = "The subscription_id must be a GUID."
   }
 }
 
