@@ -311,11 +311,48 @@ pub struct CapacityConfig {
     pub max_hourly_usd: f64,
 }
 
+/// How the capacity loop behaves (`reconcile::capacity`), made from [`CapacityConfig`].
+#[derive(Debug, Clone)]
+pub struct CapacitySettings {
+    /// Tag value every instance of this control plane carries (`spotplane-cluster`).
+    pub cluster: String,
+    pub price_refresh: chrono::Duration,
+    /// How long an offer that failed for capacity or price is set aside.
+    pub capacity_error_ttl: chrono::Duration,
+    /// How long the offer of a node that never booted is set aside.
+    pub boot_failure_ttl: chrono::Duration,
+    /// An instance with the cluster tag that no node knows is terminated after this long.
+    pub orphan_grace: chrono::Duration,
+    /// Simulated clouds' nodes run no agent: they count as ready once running.
+    pub ready_on_running: bool,
+    /// The node boot script (installs and starts the agent) put after the bootstrap token in
+    /// the user data of every node bought from a real cloud (docs/deploy.md).
+    pub node_boot_script: Option<String>,
+    pub planner: crate::planner::PlannerSettings,
+    pub consolidation: crate::planner::ConsolidationSettings,
+}
+
+impl Default for CapacitySettings {
+    fn default() -> Self {
+        CapacitySettings {
+            cluster: "spotplane".into(),
+            price_refresh: chrono::Duration::minutes(5),
+            capacity_error_ttl: chrono::Duration::minutes(3),
+            boot_failure_ttl: chrono::Duration::minutes(10),
+            orphan_grace: chrono::Duration::minutes(10),
+            ready_on_running: true,
+            node_boot_script: None,
+            planner: crate::planner::PlannerSettings::default(),
+            consolidation: crate::planner::ConsolidationSettings::default(),
+        }
+    }
+}
+
 impl CapacityConfig {
     /// The loop's settings.
-    pub fn settings(&self) -> crate::reconcile::capacity::CapacitySettings {
+    pub fn settings(&self) -> CapacitySettings {
         let d = |v: Duration| chrono::Duration::from_std(v).unwrap_or(chrono::Duration::MAX);
-        let mut s = crate::reconcile::capacity::CapacitySettings {
+        let mut s = CapacitySettings {
             cluster: self.cluster.clone(),
             price_refresh: d(self.price_refresh),
             orphan_grace: d(self.orphan_grace),
@@ -547,6 +584,16 @@ impl Config {
             errs.push(
                 "capacity.cluster",
                 "lowercase letters, digits and '-' only (it is a tag and a GCE label value)",
+            );
+        }
+        // The capacity loop buys for what the scheduler could not place; without the
+        // scheduler it would only give nodes back. Say so rather than run half a round.
+        if self.capacity.enabled && !self.scheduler.enabled {
+            errs.push(
+                "capacity.enabled",
+                "the capacity loop buys for the demand the scheduler could not place: with \
+                 scheduler.enabled = false set capacity.enabled = false too, or turn the \
+                 scheduler on",
             );
         }
         if self.recovery.heartbeat_timeout < Duration::from_secs(5) {

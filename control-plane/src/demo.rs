@@ -98,7 +98,10 @@ pub async fn run(
         .and_then(|t| t.trim().parse::<chrono::DateTime<chrono::Utc>>().ok());
     let clock = ManualClock::new(spec.start);
     let mut serving = config.clone();
+    // The world runs recovery, scheduling and capacity itself, on its clock.
     serving.scheduler.enabled = false;
+    serving.recovery.enabled = false;
+    serving.capacity.enabled = false;
     serving.providers.clear();
     let server = Server::start(
         &serving,

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use spotplane_core::Micros;
 use spotplane_core::job::JobSpec;
 use spotplane_core::team::{Quota, QuotaResource};
 use spotplane_core::{
@@ -156,10 +157,14 @@ pub struct Node {
     /// The offer it was bought from (`cloud/region/zone/type/market`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offer_id: Option<String>,
-    /// The price in force, US dollars per hour.
-    pub hourly_price_usd: f64,
-    /// The on-demand price of the same capacity, US dollars per hour.
-    pub on_demand_price_usd: f64,
+    /// The price in force per hour (`hourly_price_usd` in the API: US dollars per hour).
+    #[serde(rename = "hourly_price_usd", with = "spotplane_core::money::usd")]
+    #[schema(value_type = f64)]
+    pub hourly_price: Micros,
+    /// The on-demand price of the same capacity per hour (`on_demand_price_usd`).
+    #[serde(rename = "on_demand_price_usd", with = "spotplane_core::money::usd")]
+    #[schema(value_type = f64)]
+    pub on_demand_price: Micros,
     pub cpu_milli: u64,
     pub memory_mib: u64,
     pub gpus: Vec<Gpu>,

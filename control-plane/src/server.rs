@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::reconcile::capacity::CapacityLoop;
 use crate::reconcile::ledger::LedgerLoop;
+use crate::reconcile::runner::{self, Round};
 use crate::reconcile::scheduling::SchedulerLoop;
 use crate::reconcile::webhooks::WebhookLoop;
 use crate::simfront;
@@ -115,46 +116,14 @@ impl Server {
             config.server.listener_limits(),
             cancel.clone(),
         ));
-        if config.webhooks.enabled {
-            let delivery = WebhookLoop::new(
-                store.clone(),
+        for round in rounds(config, &store, &clock, &providers, sender) {
+            tracing::info!(lock = round.lock(), steps = ?round.names(), "loops of this replica (run while it leads)");
+            tokio::spawn(runner::run(
+                round,
+                Arc::new(store.clone()),
                 clock.clone(),
-                sender,
-                config.webhooks.clone(),
-            );
-            tokio::spawn(delivery.run(cancel.clone()));
-        }
-        if config.finance.enabled {
-            let ledger = LedgerLoop::new(
-                store.clone(),
-                clock.clone(),
-                Some(&providers),
-                config.finance.clone(),
-            );
-            tokio::spawn(ledger.run(cancel.clone()));
-        }
-        if config.scheduler.enabled {
-            let mut scheduling =
-                SchedulerLoop::new(store.clone(), clock.clone(), config.scheduler.clone());
-            if config.recovery.enabled {
-                scheduling = scheduling.with_recovery(RecoveryLoop::new(
-                    store.clone(),
-                    clock.clone(),
-                    Some(Arc::clone(&providers)),
-                    config.recovery.settings(),
-                    config.object_store.url.clone(),
-                ));
-            }
-            if config.capacity.enabled {
-                let capacity = CapacityLoop::new(
-                    store,
-                    Arc::clone(&providers),
-                    clock,
-                    config.capacity.settings(),
-                );
-                scheduling = scheduling.with_capacity(capacity, config.capacity.interval);
-            }
-            tokio::spawn(scheduling.run(cancel.clone()));
+                cancel.clone(),
+            ));
         }
         state.set_ready(true);
         tracing::info!(%addr, "spotplane API listening");
@@ -222,4 +191,71 @@ pub async fn shutdown_signal() {
         () = term => {},
     }
     tracing::info!("shutting down");
+}
+
+/// The rounds of loops this replica runs while it leads each one's lock, from the config (each
+/// part switched off there is left out; `Config::validate` refuses the combinations that
+/// cannot work):
+///
+/// - `scheduling`: recovery → scheduling → capacity (capacity at its own interval), one lock
+///   because each step works on what the one before wrote;
+/// - `ledger` and `webhooks`, each under a lock of its own.
+pub fn rounds(
+    config: &Config,
+    store: &Store,
+    clock: &SharedClock,
+    providers: &Arc<Providers>,
+    sender: Arc<Sender>,
+) -> Vec<Round> {
+    let mut scheduling = Round::new("scheduling", config.scheduler.interval);
+    if config.recovery.enabled {
+        scheduling = scheduling.step(RecoveryLoop::new(
+            store.clone(),
+            clock.clone(),
+            Some(Arc::clone(providers)),
+            config.recovery.settings(),
+            config.object_store.url.clone(),
+        ));
+    }
+    if config.scheduler.enabled {
+        scheduling = scheduling.step(SchedulerLoop::new(
+            store.clone(),
+            clock.clone(),
+            config.scheduler.clone(),
+        ));
+    }
+    if config.capacity.enabled {
+        scheduling = scheduling.step_every(
+            CapacityLoop::new(
+                store.clone(),
+                Arc::clone(providers),
+                clock.clone(),
+                config.capacity.settings(),
+            ),
+            config.capacity.interval,
+        );
+    }
+    let mut rounds = vec![scheduling];
+    if config.finance.enabled {
+        rounds.push(
+            Round::new("ledger", config.finance.interval).step(LedgerLoop::new(
+                store.clone(),
+                clock.clone(),
+                Some(providers),
+                config.finance.clone(),
+            )),
+        );
+    }
+    if config.webhooks.enabled {
+        rounds.push(
+            Round::new("webhooks", config.webhooks.interval).step(WebhookLoop::new(
+                store.clone(),
+                clock.clone(),
+                sender,
+                config.webhooks.clone(),
+            )),
+        );
+    }
+    rounds.retain(|r| !r.is_empty());
+    rounds
 }

@@ -28,6 +28,9 @@ on_both_databases!(
     nothing_is_bought_for_a_job_its_quota_can_never_admit,
     a_gang_past_its_team_budget_or_the_fleet_cap_buys_nothing,
     a_gang_that_cannot_be_bought_whole_is_given_back_and_set_aside,
+    an_offer_without_room_is_set_aside_and_the_next_one_bought,
+    quota_credentials_throttling_and_network_errors_stop_the_cloud_for_the_round,
+    a_refused_request_gives_up_that_buy_only,
 );
 
 async fn store(db: &TestDb) -> Store {
@@ -464,4 +467,193 @@ async fn a_gang_that_cannot_be_bought_whole_is_given_back_and_set_aside(backend:
     let before = all_nodes(&store).await.len();
     assert_eq!(rounds(&mut sched, &mut cap, &clock, 5).await, 0);
     assert_eq!(all_nodes(&store).await.len(), before);
+}
+
+/// A simulated cloud whose `provision` fails as scripted (one entry per call, `None`: the
+/// simulated cloud answers), recording the offer of every call.
+struct Scripted {
+    inner: Arc<dyn CloudProvider>,
+    script: std::sync::Mutex<std::collections::VecDeque<Option<spotplane_providers::ProviderError>>>,
+    calls: std::sync::Mutex<Vec<String>>,
+}
+
+impl Scripted {
+    fn fail_next(&self, e: spotplane_providers::ProviderError) {
+        self.script.lock().expect("script").push_back(Some(e));
+    }
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().expect("calls").clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl CloudProvider for Scripted {
+    fn cloud(&self) -> Cloud {
+        self.inner.cloud()
+    }
+    async fn list_offers(
+        &self,
+    ) -> Result<Vec<spotplane_providers::Offer>, spotplane_providers::ProviderError> {
+        self.inner.list_offers().await
+    }
+    async fn provision(
+        &self,
+        req: &ProvisionRequest,
+    ) -> Result<spotplane_providers::Instance, spotplane_providers::ProviderError> {
+        self.calls.lock().expect("calls").push(req.offer.id());
+        let next = self.script.lock().expect("script").pop_front().flatten();
+        match next {
+            Some(e) => Err(e),
+            None => self.inner.provision(req).await,
+        }
+    }
+    async fn terminate(&self, id: &str) -> Result<(), spotplane_providers::ProviderError> {
+        self.inner.terminate(id).await
+    }
+    async fn list_instances(
+        &self,
+        tags: &BTreeMap<String, String>,
+    ) -> Result<Vec<spotplane_providers::Instance>, spotplane_providers::ProviderError> {
+        self.inner.list_instances(tags).await
+    }
+    async fn drain_interruptions(
+        &self,
+    ) -> Result<Vec<spotplane_providers::InterruptionEvent>, spotplane_providers::ProviderError>
+    {
+        self.inner.drain_interruptions().await
+    }
+}
+
+/// The simulated GCP behind a [`Scripted`] front.
+async fn scripted(clock: &ManualClock) -> (Arc<Providers>, Arc<Scripted>) {
+    let sims = sims(clock).await;
+    let front = Arc::new(Scripted {
+        inner: Arc::clone(&sims.all[0]),
+        script: Default::default(),
+        calls: Default::default(),
+    });
+    let providers = Providers {
+        all: vec![Arc::clone(&front) as Arc<dyn CloudProvider>],
+        sims: sims.sims.clone(),
+    };
+    (Arc::new(providers), front)
+}
+
+/// A job that takes a whole 8-GPU L4 machine: one node, one buy.
+async fn submit_whole_node(store: &Store, team_id: &str, clock: &ManualClock) -> JobId {
+    let shape = GpuShape::Whole {
+        gpus: 8,
+        models: vec![GpuModel::L4],
+    };
+    submit_spec(
+        store,
+        team_id,
+        clock,
+        JobSpec::new("eight", shape, vec!["train".into()]),
+    )
+    .await
+}
+
+async fn an_offer_without_room_is_set_aside_and_the_next_one_bought(backend: Backend) {
+    let db = TestDb::new(backend);
+    let store = store(&db).await;
+    let clock = clock();
+    let (providers, cloud) = scripted(&clock).await;
+    let team_id = team(&store, &clock).await;
+    submit(&store, &team_id, &clock).await;
+    let (mut sched, mut cap) = loops(&store, &providers, &clock);
+    cloud.fail_next(spotplane_providers::ProviderError::InsufficientCapacity {
+        offer_id: "first choice".into(),
+        message: "ZONE_RESOURCE_POOL_EXHAUSTED".into(),
+    });
+    sched.run_once().await.expect("cycle");
+    let r = cap.run_once().await.expect("round");
+    let calls = cloud.calls();
+    assert_eq!(calls.len(), 2, "the first offer, then its fallback: {calls:?}");
+    let first = calls[0].clone();
+    assert_ne!(calls[1], first);
+    assert_eq!(r.bought, 1, "{r:?}");
+    assert_eq!(r.refused.get("insufficient_capacity"), Some(&1), "{r:?}");
+    let nodes = live_nodes(&store).await;
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0].offer_id.as_deref(), Some(calls[1].as_str()));
+    // Within capacity_error_ttl (3 minutes by default) the first offer is not tried again...
+    submit(&store, &team_id, &clock).await;
+    clock.advance(Duration::minutes(2));
+    sched.run_once().await.expect("cycle");
+    cap.run_once().await.expect("round");
+    let calls = cloud.calls();
+    assert!(calls.len() > 2, "the new job is bought for: {calls:?}");
+    assert!(!calls[2..].contains(&first), "set aside: {calls:?}");
+    // ...and after it, it is the first choice again.
+    submit(&store, &team_id, &clock).await;
+    clock.advance(Duration::minutes(2));
+    let before = cloud.calls().len();
+    sched.run_once().await.expect("cycle");
+    cap.run_once().await.expect("round");
+    let calls = cloud.calls();
+    assert_eq!(calls.get(before), Some(&first), "{calls:?}");
+    db.cleanup().await;
+}
+
+async fn quota_credentials_throttling_and_network_errors_stop_the_cloud_for_the_round(
+    backend: Backend,
+) {
+    use spotplane_providers::ProviderError;
+    let stopping = [
+        ProviderError::Quota("QUOTA_EXCEEDED: GPUS_ALL_REGIONS".into()),
+        ProviderError::Auth("the access token expired".into()),
+        ProviderError::Throttled {
+            retry_after: std::time::Duration::from_secs(2),
+        },
+        ProviderError::Transient("502 Bad Gateway".into()),
+    ];
+    for e in stopping {
+        let kind = e.kind();
+        let db = TestDb::new(backend);
+        let store = store(&db).await;
+        let clock = clock();
+        let (providers, cloud) = scripted(&clock).await;
+        let team_id = team(&store, &clock).await;
+        for _ in 0..2 {
+            submit_whole_node(&store, &team_id, &clock).await;
+        }
+        let (mut sched, mut cap) = loops(&store, &providers, &clock);
+        cloud.fail_next(e);
+        sched.run_once().await.expect("cycle");
+        let r = cap.run_once().await.expect("round");
+        assert_eq!(cloud.calls().len(), 1, "{kind}: one call, then no more: {r:?}");
+        assert_eq!(r.bought, 0, "{kind}: {r:?}");
+        assert_eq!(r.refused.get(kind), Some(&1), "{kind}: {r:?}");
+        // The offer is not set aside: the next round buys both nodes, the first from it.
+        let first = cloud.calls()[0].clone();
+        clock.advance(Duration::seconds(10));
+        sched.run_once().await.expect("cycle");
+        let r = cap.run_once().await.expect("round");
+        assert_eq!(r.bought, 2, "{kind}: the next round goes on: {r:?}");
+        assert_eq!(cloud.calls().get(1), Some(&first), "{kind}");
+        db.cleanup().await;
+    }
+}
+
+async fn a_refused_request_gives_up_that_buy_only(backend: Backend) {
+    let db = TestDb::new(backend);
+    let store = store(&db).await;
+    let clock = clock();
+    let (providers, cloud) = scripted(&clock).await;
+    let team_id = team(&store, &clock).await;
+    for _ in 0..2 {
+        submit_whole_node(&store, &team_id, &clock).await;
+    }
+    let (mut sched, mut cap) = loops(&store, &providers, &clock);
+    cloud.fail_next(spotplane_providers::ProviderError::InvalidRequest(
+        "Invalid value for field 'resource.machineType'".into(),
+    ));
+    sched.run_once().await.expect("cycle");
+    let r = cap.run_once().await.expect("round");
+    let calls = cloud.calls();
+    assert_eq!(calls.len(), 2, "no fallback for that buy; the other buy made: {calls:?}");
+    assert_eq!(r.bought, 1, "{r:?}");
+    assert_eq!(r.refused.get("invalid_request"), Some(&1), "{r:?}");
+    db.cleanup().await;
 }

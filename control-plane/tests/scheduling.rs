@@ -9,9 +9,7 @@ use common::{Backend, TestDb};
 use spotplane::clock::SystemClock;
 use spotplane::metrics::Metrics;
 use spotplane::reconcile::scheduling::SchedulerLoop;
-use spotplane::store::{
-    NewGpu, NewJob, NewNode, NewTeam, SpecCache, Store, SubmitOutcome, wait_text,
-};
+use spotplane::store::{NewGpu, NewJob, NewNode, NewTeam, SpecCache, Store, SubmitOutcome};
 use spotplane_core::job::JobSpec;
 use spotplane_core::shape::GpuShape;
 use spotplane_core::{
@@ -271,9 +269,7 @@ async fn a_higher_priority_job_preempts_and_then_waits_without_preempting_more(b
     let h = store.get_job(high, None).await.expect("job");
     assert_eq!(
         h.state_reason.as_deref(),
-        Some(wait_text(
-            spotplane::scheduler::WaitReason::WaitingForPreemption
-        ))
+        Some(spotplane::scheduler::WaitReason::WaitingForPreemption.text())
     );
     // Next cycle: the victim still drains; the preemptor waits for it, no second victim.
     let r = l.run_once().await.expect("cycle");
@@ -439,14 +435,22 @@ async fn a_cancelled_cycle_writes_nothing_and_the_loop_stops(backend: Backend) {
     let mut sched = looped(&store);
     let cancel = tokio_util::sync::CancellationToken::new();
     cancel.cancel();
-    let r = sched.run_until(&cancel).await.expect("cycle");
+    let r = sched.run_until(Utc::now(), &cancel).await.expect("cycle");
     assert_eq!(r.admitted, 0, "{r:?}");
     let j = store.get_job(job, None).await.expect("job");
     assert_eq!(j.state, JobState::Queued);
     // The loop itself returns at once once cancelled.
+    let round =
+        spotplane::reconcile::runner::Round::new("scheduling", std::time::Duration::from_secs(1))
+            .step(looped(&store));
     tokio::time::timeout(
         std::time::Duration::from_secs(10),
-        looped(&store).run(cancel),
+        spotplane::reconcile::runner::run(
+            round,
+            Arc::new(store.clone()),
+            Arc::new(SystemClock),
+            cancel,
+        ),
     )
     .await
     .expect("the loop stops when cancelled");

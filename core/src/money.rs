@@ -165,6 +165,24 @@ impl PriceMillis {
     }
 }
 
+/// Serde for a [`Micros`] that reads and writes as US dollars (`35.5`), for read models whose
+/// JSON speaks dollars while the code keeps exact micro-dollars:
+/// `#[serde(with = "spotplane_core::money::usd")]`.
+pub mod usd {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::Micros;
+
+    pub fn serialize<S: Serializer>(v: &Micros, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(v.as_usd_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Micros, D::Error> {
+        let usd = f64::deserialize(d)?;
+        Micros::from_usd_f64(usd).map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Display for Micros {
     /// Formats as dollars with six decimals trimmed to at least two: `$12.50`, `$0.000123`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -18,6 +18,7 @@ mod m20261201_000004_recovery;
 mod m20261203_000005_node_capabilities;
 mod m20261203_000006_team_secrets;
 mod m20261203_000007_replica_logs;
+mod m20261204_000008_typed_wait_reasons;
 
 pub struct Migrator;
 
@@ -33,6 +34,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000005_node_capabilities::Migration),
             Box::new(m20261203_000006_team_secrets::Migration),
             Box::new(m20261203_000007_replica_logs::Migration),
+            Box::new(m20261204_000008_typed_wait_reasons::Migration),
         ]
     }
 }

@@ -4,7 +4,6 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use spotplane_core::Micros;
 
 use crate::model::Node;
 
@@ -24,9 +23,8 @@ pub fn held_spend(nodes: &[Node], now: DateTime<Utc>) -> HeldSpend {
     for n in nodes.iter().filter(|n| n.provider_instance_id.is_some()) {
         let until = n.terminated_at.unwrap_or(now);
         let ms = i128::from((until - n.created_at).num_milliseconds().max(0));
-        let micros = |usd: f64| i128::from(Micros::from_usd_f64(usd).unwrap_or_default().0);
-        cost += micros(n.hourly_price_usd) * ms;
-        od += micros(n.on_demand_price_usd) * ms;
+        cost += i128::from(n.hourly_price.0) * ms;
+        od += i128::from(n.on_demand_price.0) * ms;
         gpu_hours += n.gpus.len() as f64 * ms as f64 / 3_600_000.0;
     }
     let usd = |v: i128| v as f64 / 3_600_000.0 / 1e6;

@@ -8,8 +8,8 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
+use async_trait::async_trait;
 use chrono::{DateTime, Datelike, Utc};
 use spotplane_core::{Cloud, Micros};
 use spotplane_providers::registry::Providers;
@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::FinanceSettings;
 use crate::finance::ledger::{budget_alert, ledger, price_lost_work};
+use crate::reconcile::runner::{ReconcileError, Reconciler, Report};
 use crate::store::{Store, StoreError};
 
 /// Current prices by offer id: (price, on-demand price).
@@ -36,11 +37,34 @@ pub struct LedgerReport {
     pub price_failures: usize,
 }
 
+impl Report for LedgerReport {
+    fn is_quiet(&self) -> bool {
+        // A ledger pass writes lines every time it runs: at debug level unless it alerts or
+        // could not read prices.
+        self.budget_alerts == 0 && self.price_failures == 0
+    }
+}
+
 pub struct LedgerLoop {
     store: Store,
     clock: SharedClock,
     providers: Vec<Arc<dyn CloudProvider>>,
     settings: FinanceSettings,
+}
+
+#[async_trait]
+impl Reconciler for LedgerLoop {
+    fn name(&self) -> &'static str {
+        "ledger"
+    }
+
+    async fn reconcile(
+        &mut self,
+        now: DateTime<Utc>,
+        _cancel: &CancellationToken,
+    ) -> Result<Box<dyn Report>, ReconcileError> {
+        Ok(Box::new(self.run_at(now).await?))
+    }
 }
 
 impl LedgerLoop {
@@ -127,9 +151,13 @@ impl LedgerLoop {
         self.store.record_price_points(&points).await
     }
 
-    /// One cycle.
-    pub async fn run_once(&self) -> Result<LedgerReport, StoreError> {
-        let now = self.clock.now();
+    /// One cycle at the clock's time.
+    pub async fn run_once(&self) -> Result<LedgerReport, ReconcileError> {
+        self.run_at(self.clock.now()).await
+    }
+
+    /// One cycle at `now`.
+    pub async fn run_at(&self, now: DateTime<Utc>) -> Result<LedgerReport, ReconcileError> {
         let horizon = now - chrono::Duration::from_std(self.settings.settle).unwrap_or_default();
         let mut report = LedgerReport::default();
         self.record_prices(now, &mut report).await?;
@@ -139,7 +167,7 @@ impl LedgerLoop {
         report.nodes = snapshot.len();
         let out = tokio::task::spawn_blocking(move || ledger(&snapshot, horizon))
             .await
-            .map_err(|e| StoreError::Connect(format!("ledger task failed: {e}")))?;
+            .map_err(|e| ReconcileError::task("ledger", e))?;
         report.lines = out.lines.len();
         self.store
             .write_ledger(&out.lines, &out.progress, now)
@@ -179,41 +207,5 @@ impl LedgerLoop {
             }
         }
         Ok(report)
-    }
-
-    /// Runs cycles every `settings.interval` until cancelled, while this replica leads.
-    pub async fn run(self, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(self.settings.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut leader = None;
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            if leader.is_none() {
-                match self.store.try_lead("ledger").await {
-                    Ok(Some(l)) => leader = Some(l),
-                    Ok(None) => continue,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot take leadership");
-                        continue;
-                    }
-                }
-            }
-            if let Some(l) = &mut leader
-                && !l.still_held().await
-            {
-                leader = None;
-                continue;
-            }
-            match self.run_once().await {
-                Ok(r) => tracing::debug!(?r, "ledger cycle"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "ledger cycle failed; retrying next tick");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
     }
 }

@@ -5,10 +5,14 @@
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use spotplane_core::agent::CommandKind;
 use spotplane_providers::registry::Providers;
+use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
+use crate::reconcile::runner::{ReconcileError, Reconciler, Report};
 use crate::recovery::{self, Action, Settings};
 use crate::store::{Store, StoreError};
 
@@ -30,8 +34,8 @@ pub struct RecoveryReport {
     pub stale: usize,
 }
 
-impl RecoveryReport {
-    pub fn is_quiet(&self) -> bool {
+impl Report for RecoveryReport {
+    fn is_quiet(&self) -> bool {
         *self == RecoveryReport::default()
     }
 }
@@ -43,6 +47,21 @@ pub struct RecoveryLoop {
     settings: Settings,
     /// Checkpoint prefix of jobs that name none (`<object_store.url>/jobs/<id>`).
     default_root: String,
+}
+
+#[async_trait]
+impl Reconciler for RecoveryLoop {
+    fn name(&self) -> &'static str {
+        "recovery"
+    }
+
+    async fn reconcile(
+        &mut self,
+        now: DateTime<Utc>,
+        _cancel: &CancellationToken,
+    ) -> Result<Box<dyn Report>, ReconcileError> {
+        Ok(Box::new(self.run_at(now).await?))
+    }
 }
 
 impl RecoveryLoop {
@@ -64,7 +83,11 @@ impl RecoveryLoop {
 
     /// Notices from the clouds' own event streams (EventBridge/SQS and the like): a preemption
     /// with a deadline drains its node. Unknown instances are logged and dropped.
-    async fn hear_providers(&self, report: &mut RecoveryReport) -> Result<(), StoreError> {
+    async fn hear_providers(
+        &self,
+        now: DateTime<Utc>,
+        report: &mut RecoveryReport,
+    ) -> Result<(), StoreError> {
         let Some(providers) = &self.providers else {
             return Ok(());
         };
@@ -84,7 +107,7 @@ impl RecoveryLoop {
                 let what = format!("{:?}", e.kind).to_lowercase();
                 match self
                     .store
-                    .provider_notice(p.cloud(), &e.provider_id, deadline, &what, self.clock.now())
+                    .provider_notice(p.cloud(), &e.provider_id, deadline, &what, now)
                     .await?
                 {
                     Some(node) => {
@@ -100,16 +123,21 @@ impl RecoveryLoop {
         Ok(())
     }
 
-    /// One round.
-    pub async fn run_once(&mut self) -> Result<RecoveryReport, StoreError> {
+    /// One round at the clock's time.
+    pub async fn run_once(&mut self) -> Result<RecoveryReport, ReconcileError> {
+        let now = self.clock.now();
+        Ok(self.run_at(now).await?)
+    }
+
+    /// One round at `now`.
+    pub async fn run_at(&mut self, now: DateTime<Utc>) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
-        self.hear_providers(&mut report).await?;
-        report.relayouts = self.store.send_relayouts(self.clock.now()).await?;
+        self.hear_providers(now, &mut report).await?;
+        report.relayouts = self.store.send_relayouts(now).await?;
         let snap = self
             .store
             .recovery_snapshot(self.settings.default_retry_limit)
             .await?;
-        let now = self.clock.now();
         let actions = recovery::plan(now, &snap, &self.settings);
         for a in actions {
             let res = self.apply(&a, now, &mut report).await;

@@ -9,14 +9,14 @@
 //! from the trace once.
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::SchedulerSettings;
-use crate::reconcile::capacity::CapacityLoop;
-use crate::reconcile::recovery::RecoveryLoop;
+use crate::reconcile::runner::{ReconcileError, Reconciler, Report};
 use crate::scheduler::frag::TypicalPods;
 use crate::scheduler::policies::{self, typical_from_shapes};
 use crate::scheduler::{SchedulerConfig, schedule};
@@ -43,12 +43,29 @@ pub struct SchedulerLoop {
     clock: SharedClock,
     settings: SchedulerSettings,
     cache: SpecCache,
-    /// The capacity loop, run by the same leader after a scheduling cycle, at its own pace.
-    capacity: Option<(CapacityLoop, Duration, Option<tokio::time::Instant>)>,
-    /// The recovery loop, run by the same leader before each scheduling cycle.
-    recovery: Option<RecoveryLoop>,
     /// The workload's typical shapes and when they were computed.
     typical: Option<(chrono::DateTime<chrono::Utc>, Arc<TypicalPods>)>,
+}
+
+impl Report for CycleReport {
+    fn is_quiet(&self) -> bool {
+        self.admitted + self.preempted + self.relayouts == 0
+    }
+}
+
+#[async_trait]
+impl Reconciler for SchedulerLoop {
+    fn name(&self) -> &'static str {
+        "scheduling"
+    }
+
+    async fn reconcile(
+        &mut self,
+        now: DateTime<Utc>,
+        cancel: &CancellationToken,
+    ) -> Result<Box<dyn Report>, ReconcileError> {
+        Ok(Box::new(self.run_until(now, cancel).await?))
+    }
 }
 
 impl SchedulerLoop {
@@ -58,38 +75,25 @@ impl SchedulerLoop {
             clock,
             settings,
             cache: SpecCache::default(),
-            capacity: None,
-            recovery: None,
             typical: None,
         }
     }
 
-    /// Also runs `recovery` before every scheduling cycle.
-    pub fn with_recovery(mut self, recovery: RecoveryLoop) -> Self {
-        self.recovery = Some(recovery);
-        self
-    }
-
-    /// Also runs `capacity` every `interval`, after the scheduling cycle that falls due.
-    pub fn with_capacity(mut self, capacity: CapacityLoop, interval: Duration) -> Self {
-        self.capacity = Some((capacity, interval, None));
-        self
-    }
-
-    /// One cycle.
-    pub async fn run_once(&mut self) -> Result<CycleReport, StoreError> {
-        self.run_until(&CancellationToken::new()).await
+    /// One cycle at the clock's time.
+    pub async fn run_once(&mut self) -> Result<CycleReport, ReconcileError> {
+        let now = self.clock.now();
+        self.run_until(now, &CancellationToken::new()).await
     }
 
     /// One cycle, given up (nothing written, an empty report) if `cancel` is cancelled before
     /// its decisions are made; the pure scheduler, on its blocking thread, is told to stop too.
     pub async fn run_until(
         &mut self,
+        now: DateTime<Utc>,
         cancel: &CancellationToken,
-    ) -> Result<CycleReport, StoreError> {
+    ) -> Result<CycleReport, ReconcileError> {
         let mut snap = self.store.scheduler_snapshot(&mut self.cache).await?;
         let reasons = self.store.queued_reasons().await?;
-        let now = self.clock.now();
         // A job backing off after a failure waits its turn out.
         let backing_off = self.store.jobs_backing_off(now).await?;
         if !backing_off.is_empty() {
@@ -126,7 +130,7 @@ impl SchedulerLoop {
             (snap, d, typical)
         });
         let (snap, decisions, typical) = tokio::select! {
-            r = cycle => r.map_err(|e| StoreError::Connect(format!("scheduler task failed: {e}")))?,
+            r = cycle => r.map_err(|e| ReconcileError::task("scheduler", e))?,
             () = cancel.cancelled() => {
                 if let Some(s) = &stop {
                     s.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -155,7 +159,7 @@ impl SchedulerLoop {
                     tracing::debug!(job = %a.job, %why, "admission dropped");
                     report.stale += 1;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         for p in &decisions.preemptions {
@@ -169,7 +173,7 @@ impl SchedulerLoop {
                     tracing::debug!(job = %p.victim, %why, "preemption dropped");
                     report.stale += 1;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         for r in &decisions.repartitions {
@@ -183,94 +187,11 @@ impl SchedulerLoop {
                     tracing::debug!(%why, "re-layout dropped");
                     report.stale += 1;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         let waits: Vec<_> = decisions.unmet.iter().map(|u| (u.job, u.reason)).collect();
         self.store.set_wait_reasons(&waits, &reasons).await?;
         Ok(report)
-    }
-
-    /// Runs cycles every `settings.interval` until cancelled, while this replica leads.
-    pub async fn run(mut self, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(self.settings.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut leader = None;
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            if leader.is_none() {
-                match self.store.try_lead("scheduling").await {
-                    Ok(Some(l)) => {
-                        tracing::info!("leading: running the scheduling loop");
-                        leader = Some(l);
-                    }
-                    Ok(None) => continue,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot take leadership");
-                        continue;
-                    }
-                }
-            }
-            if let Some(l) = &mut leader
-                && !l.still_held().await
-            {
-                tracing::warn!("lost leadership");
-                leader = None;
-                continue;
-            }
-            // A round is given up at shutdown: each decision is its own transaction, so one
-            // cut short leaves the store consistent, and the next leader goes on from there.
-            if let Some(recovery) = &mut self.recovery {
-                let round = tokio::select! {
-                    r = recovery.run_once() => r,
-                    () = cancel.cancelled() => return,
-                };
-                match round {
-                    Ok(r) if !r.is_quiet() => tracing::info!(?r, "recovery round"),
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "recovery round failed; retrying next tick")
-                    }
-                }
-            }
-            let cycle = tokio::select! {
-                r = self.run_until(&cancel) => r,
-                () = cancel.cancelled() => return,
-            };
-            if cancel.is_cancelled() {
-                return;
-            }
-            match cycle {
-                Ok(r) if r.admitted + r.preempted + r.relayouts > 0 => {
-                    tracing::info!(?r, "scheduling cycle")
-                }
-                Ok(r) => tracing::debug!(?r, "scheduling cycle"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "scheduling cycle failed; retrying next tick");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-            if let Some((capacity, interval, last)) = &mut self.capacity
-                && last.is_none_or(|t| t.elapsed() >= *interval)
-            {
-                *last = Some(tokio::time::Instant::now());
-                let round = tokio::select! {
-                    r = capacity.run_once() => r,
-                    () = cancel.cancelled() => return,
-                };
-                match round {
-                    Ok(r) if r.bought + r.released + r.vanished + r.orphans + r.ready > 0 => {
-                        tracing::info!(?r, "capacity round")
-                    }
-                    Ok(r) => tracing::debug!(?r, "capacity round"),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "capacity round failed; retrying next time")
-                    }
-                }
-            }
-        }
     }
 }

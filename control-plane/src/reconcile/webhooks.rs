@@ -7,13 +7,15 @@
 //! a crash between the two means the attempt is made again: at least once.
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::WebhookSettings;
+use crate::reconcile::runner::{ReconcileError, Reconciler, Report};
 use crate::store::{DueDelivery, Store, StoreError};
 use crate::webhooks::retry::{self, Next, Outcome, RetryPolicy};
 use crate::webhooks::sender::{Message, Sender};
@@ -29,11 +31,33 @@ pub struct DeliveryReport {
     pub failed: usize,
 }
 
+impl Report for DeliveryReport {
+    fn is_quiet(&self) -> bool {
+        self.failed == 0
+    }
+}
+
 pub struct WebhookLoop {
     store: Store,
     clock: SharedClock,
     sender: Arc<Sender>,
     settings: WebhookSettings,
+}
+
+#[async_trait]
+impl Reconciler for WebhookLoop {
+    fn name(&self) -> &'static str {
+        "webhooks"
+    }
+
+    /// A delivery pass reads the clock as it goes, so `now` only starts it.
+    async fn reconcile(
+        &mut self,
+        _now: DateTime<Utc>,
+        _cancel: &CancellationToken,
+    ) -> Result<Box<dyn Report>, ReconcileError> {
+        Ok(Box::new(self.run_once().await?))
+    }
 }
 
 impl WebhookLoop {
@@ -55,7 +79,8 @@ impl WebhookLoop {
         policy_of(&self.settings)
     }
 
-    /// One cycle: fan out, then attempt what is due.
+    /// One cycle: fan out, then attempt what is due. Each step reads the clock afresh (an
+    /// attempt is signed and recorded at the time it is made).
     pub async fn run_once(&self) -> Result<DeliveryReport, StoreError> {
         let mut report = DeliveryReport::default();
         let gap = chrono::Duration::from_std(self.settings.gap_wait).unwrap_or_default();
@@ -120,47 +145,6 @@ impl WebhookLoop {
             .record_attempt(&d, &outcome, next, &self.policy(), now)
             .await?;
         Ok(recorded.then_some(next == Next::Delivered))
-    }
-
-    /// Runs cycles every `settings.interval` until cancelled, while this replica leads.
-    pub async fn run(self, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(self.settings.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut leader = None;
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            if leader.is_none() {
-                match self.store.try_lead("webhooks").await {
-                    Ok(Some(l)) => leader = Some(l),
-                    Ok(None) => continue,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot take leadership");
-                        continue;
-                    }
-                }
-            }
-            if let Some(l) = &mut leader
-                && !l.still_held().await
-            {
-                leader = None;
-                continue;
-            }
-            let cycle = tokio::select! {
-                () = cancel.cancelled() => return,
-                r = self.run_once() => r,
-            };
-            match cycle {
-                Ok(r) if r.attempted > 0 => tracing::debug!(?r, "webhook cycle"),
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "webhook cycle failed; retrying next tick");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
     }
 }
 

@@ -172,3 +172,48 @@ pub enum WaitReason {
     /// A MIG re-layout was ordered; the job runs when the node has applied it.
     WaitingForRepartition,
 }
+
+impl WaitReason {
+    pub const ALL: [WaitReason; 4] = [
+        WaitReason::NoCapacity,
+        WaitReason::Quota,
+        WaitReason::WaitingForPreemption,
+        WaitReason::WaitingForRepartition,
+    ];
+
+    /// Its code in the store (`jobs.wait_reason`).
+    pub fn code(self) -> &'static str {
+        match self {
+            WaitReason::NoCapacity => "no_capacity",
+            WaitReason::Quota => "quota",
+            WaitReason::WaitingForPreemption => "waiting_for_preemption",
+            WaitReason::WaitingForRepartition => "waiting_for_repartition",
+        }
+    }
+
+    /// How it reads on the job (`state_reason`).
+    pub fn text(self) -> &'static str {
+        match self {
+            WaitReason::NoCapacity => "waiting for capacity",
+            WaitReason::Quota => "waiting for quota",
+            WaitReason::WaitingForPreemption => "waiting for preempted jobs to checkpoint",
+            WaitReason::WaitingForRepartition => "waiting for a MIG re-layout",
+        }
+    }
+}
+
+impl std::str::FromStr for WaitReason {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        WaitReason::ALL
+            .into_iter()
+            .find(|r| r.code() == s)
+            .ok_or_else(|| {
+                format!(
+                    "not a wait reason code (one of {:?})",
+                    WaitReason::ALL.map(WaitReason::code)
+                )
+            })
+    }
+}

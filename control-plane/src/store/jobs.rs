@@ -335,6 +335,10 @@ pub(crate) async fn job_event_in<C: ConnectionTrait>(
     let mut upd = job::Entity::update_many()
         .col_expr(job::Column::State, Expr::value(to.to_string()))
         .col_expr(job::Column::StateReason, Expr::value(reason))
+        // A move ends the wait the scheduler recorded; a move back to the queue is a requeue
+        // (a new job enters the queue by submission, not by a move).
+        .col_expr(job::Column::WaitReason, Expr::value(Option::<String>::None))
+        .col_expr(job::Column::Requeued, Expr::value(to == JobState::Queued))
         .col_expr(job::Column::UpdatedAt, Expr::value(now))
         .col_expr(job::Column::Version, Expr::value(row.version + 1))
         .filter(job::Column::Id.eq(row.id.clone()))

@@ -72,7 +72,7 @@ pub use nodes::{NewGpu, NewNode, OfferCursor};
 pub use outbox::OutboxEvent;
 pub use overview::{JobLine, PlacedReplica};
 pub(crate) use recovery::checkpoint_prefix;
-pub use scheduling::{SpecCache, wait_text};
+pub use scheduling::SpecCache;
 pub use secrets::SecretWrite;
 pub use teams::{NewTeam, TeamPatch};
 pub use tokens::{Bootstrap, NewToken, Principal, generate_secret, hash_secret};
@@ -396,9 +396,67 @@ where
         .map_err(|e: T::Err| StoreError::corrupt(table, id, format!("{v:?}: {e}")))
 }
 
-/// A fresh time-ordered id made at `now`.
-pub(crate) fn new_uuid(now: DateTime<Utc>) -> uuid::Uuid {
+/// The last id's millisecond and its sequence number within it (see [`new_uuid`]).
+static LAST_ID: std::sync::Mutex<(u64, u16)> = std::sync::Mutex::new((0, 0));
+
+/// A fresh UUIDv7 made at `now`, the injected clock's time (never the wall clock, so a
+/// simulated world's ids follow its own time). Ids made by this process increase in the order
+/// they are made, as RFC 9562's method 1 has it: within one millisecond, or when the clock
+/// stands still or steps back, a 12-bit sequence in `rand_a` counts up from the last id (and
+/// carries into the next millisecond when it runs out); `rand_b` is random.
+pub fn new_uuid(now: DateTime<Utc>) -> uuid::Uuid {
     let millis = u64::try_from(now.timestamp_millis()).unwrap_or(0);
-    let random: [u8; 10] = rand::random();
+    let (millis, seq) = {
+        let mut last = LAST_ID.lock().unwrap_or_else(|e| e.into_inner());
+        let next = if millis > last.0 {
+            (millis, 0)
+        } else if last.1 < 0x0fff {
+            (last.0, last.1 + 1)
+        } else {
+            (last.0 + 1, 0)
+        };
+        *last = next;
+        next
+    };
+    let mut random: [u8; 10] = rand::random();
+    // The first two bytes land in `rand_a` (the builder overwrites the top nibble with the
+    // version).
+    random[0] = (seq >> 8) as u8;
+    random[1] = seq as u8;
     uuid::Builder::from_unix_timestamp_millis(millis, &random).into_uuid()
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{Duration, TimeZone, Utc};
+
+    use super::new_uuid;
+
+    #[test]
+    fn ids_follow_the_given_clock_and_increase_in_the_order_they_are_made() {
+        let t = Utc
+            .with_ymd_and_hms(2023, 2, 15, 0, 0, 0)
+            .single()
+            .unwrap_or_default();
+        let first = new_uuid(t + Duration::days(4000));
+        // The clock stands still for more ids than a millisecond's sequence holds, then steps
+        // back: every id is still larger than the one before.
+        let mut last = first;
+        for _ in 0..5000 {
+            let id = new_uuid(t + Duration::days(4000));
+            assert!(id > last, "{id} after {last}");
+            assert_eq!(id.get_version_num(), 7);
+            last = id;
+        }
+        let back = new_uuid(t);
+        assert!(back > last);
+        // A later time starts its own millisecond, readable from the id.
+        let later = t + Duration::days(5000);
+        let id = new_uuid(later);
+        let (secs, _) = id
+            .get_timestamp()
+            .map(|ts| ts.to_unix())
+            .unwrap_or_default();
+        assert_eq!(i64::try_from(secs).unwrap_or_default(), later.timestamp());
+    }
 }

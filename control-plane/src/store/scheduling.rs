@@ -48,8 +48,8 @@ impl SpecCache {
     }
 }
 
-/// (id, state, priority, updated_at, state_reason) of a job the scheduler looks at.
-type JobRow = (String, String, i32, DateTime<Utc>, Option<String>);
+/// (id, state, priority, updated_at, wait_reason, requeued) of a job the scheduler looks at.
+type JobRow = (String, String, i32, DateTime<Utc>, Option<String>, bool);
 
 /// Job states that hold capacity.
 const HOLDING: [JobState; 4] = [
@@ -178,7 +178,7 @@ impl Store {
             .select_only()
             .columns([job::Column::Id, job::Column::State, job::Column::Priority])
             .column(job::Column::UpdatedAt)
-            .column(job::Column::StateReason)
+            .columns([job::Column::WaitReason, job::Column::Requeued])
             .filter(job::Column::State.is_in(wanted))
             .into_tuple::<JobRow>()
             .all(&self.read)
@@ -238,7 +238,7 @@ impl Store {
             .collect();
         let mut running = Vec::new();
         let mut queued = Vec::new();
-        for (id, state, priority, updated_at, reason) in rows {
+        for (id, state, priority, updated_at, wait, requeued) in rows {
             let Some((jid, spec)) = cache.specs.get(&id) else {
                 continue;
             };
@@ -247,13 +247,14 @@ impl Store {
             };
             let state: JobState = parse_col("jobs", &id, &state)?;
             if state == JobState::Queued {
+                let wait: Option<WaitReason> =
+                    wait.map(|w| parse_col("jobs", &id, &w)).transpose()?;
                 queued.push(QueuedJob {
                     id: *jid,
                     team,
                     priority,
-                    requeued: reason.as_deref().is_some_and(|r| r.starts_with("requeued")),
-                    nominated: reason.as_deref()
-                        == Some(wait_text(WaitReason::WaitingForPreemption)),
+                    requeued,
+                    nominated: wait == Some(WaitReason::WaitingForPreemption),
                     replicas: spec.replicas,
                     shape: spec.replica_shape(),
                     clouds: spec.clouds.clone(),
@@ -466,27 +467,33 @@ impl Store {
             .map(|_| ())
     }
 
-    /// Records why queued jobs wait, writing only the jobs whose reason changed.
+    /// Records why queued jobs wait (the code for the capacity loop, the sentence for people),
+    /// writing only the jobs whose reason changed. A requeued job's mark ends here.
     pub async fn set_wait_reasons(
         &self,
         reasons: &[(JobId, WaitReason)],
-        previous: &HashMap<JobId, Option<String>>,
+        previous: &HashMap<JobId, Option<WaitReason>>,
     ) -> Result<usize, StoreError> {
-        let mut by_text: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+        let mut by_reason: BTreeMap<&'static str, (WaitReason, Vec<String>)> = BTreeMap::new();
         for (id, r) in reasons {
-            let text = wait_text(*r);
-            if previous.get(id).is_some_and(|p| p.as_deref() == Some(text)) {
+            if previous.get(id).is_some_and(|p| *p == Some(*r)) {
                 continue;
             }
-            by_text.entry(text).or_default().push(id.to_string());
+            by_reason
+                .entry(r.code())
+                .or_insert_with(|| (*r, Vec::new()))
+                .1
+                .push(id.to_string());
         }
         let mut changed = 0;
-        for (text, ids) in by_text {
+        for (reason, ids) in by_reason.into_values() {
             for chunk in ids.chunks(500) {
                 let res = self
                     .measured("set_wait_reasons", || async {
                         Ok(job::Entity::update_many()
-                            .col_expr(job::Column::StateReason, Expr::value(text))
+                            .col_expr(job::Column::StateReason, Expr::value(reason.text()))
+                            .col_expr(job::Column::WaitReason, Expr::value(reason.code()))
+                            .col_expr(job::Column::Requeued, Expr::value(false))
                             .filter(job::Column::Id.is_in(chunk.to_vec()))
                             .filter(job::Column::State.eq(JobState::Queued.to_string()))
                             .exec(&self.write)
@@ -726,30 +733,23 @@ impl Store {
     }
 
     /// Current state reasons of queued jobs, to write only changes.
-    pub async fn queued_reasons(&self) -> Result<HashMap<JobId, Option<String>>, StoreError> {
+    pub async fn queued_reasons(&self) -> Result<HashMap<JobId, Option<WaitReason>>, StoreError> {
         self.measured("queued_reasons", || async {
             let rows: Vec<(String, Option<String>)> = job::Entity::find()
                 .select_only()
-                .columns([job::Column::Id, job::Column::StateReason])
+                .columns([job::Column::Id, job::Column::WaitReason])
                 .filter(job::Column::State.eq(JobState::Queued.to_string()))
                 .into_tuple()
                 .all(&self.read)
                 .await?;
             rows.into_iter()
-                .map(|(id, r)| Ok((parse_col("jobs", &id, &id)?, r)))
+                .map(|(id, r)| {
+                    let reason = r.map(|r| parse_col("jobs", &id, &r)).transpose()?;
+                    Ok((parse_col("jobs", &id, &id)?, reason))
+                })
                 .collect()
         })
         .await
-    }
-}
-
-/// How a wait reason reads on the job.
-pub fn wait_text(r: WaitReason) -> &'static str {
-    match r {
-        WaitReason::NoCapacity => "waiting for capacity",
-        WaitReason::Quota => "waiting for quota",
-        WaitReason::WaitingForPreemption => "waiting for preempted jobs to checkpoint",
-        WaitReason::WaitingForRepartition => "waiting for a MIG re-layout",
     }
 }
 

@@ -208,6 +208,8 @@ fn rows(
         running_since: Set(None),
         drain_started_at: Set(None),
         checkpoint_requested_at: Set(None),
+        wait_reason: Set(None),
+        requeued: Set(false),
     };
     let kind = format!("job.{}", JobState::Queued);
     let event = job_event::ActiveModel {

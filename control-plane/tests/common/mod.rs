@@ -41,8 +41,11 @@ impl TestDb {
         let mut config = Config::embedded_default().expect("embedded default parses");
         config.server.listen = "127.0.0.1:0".into();
         config.log.level = "warn".into();
-        // API tests drive the store themselves; scheduling tests run cycles explicitly.
+        // API tests drive the store themselves; scheduling, recovery and capacity tests run
+        // their rounds explicitly.
         config.scheduler.enabled = false;
+        config.recovery.enabled = false;
+        config.capacity.enabled = false;
         // Webhook and ledger tests run their loops explicitly too.
         config.webhooks.enabled = false;
         config.finance.enabled = false;

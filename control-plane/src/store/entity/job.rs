@@ -26,6 +26,10 @@ pub struct Model {
     pub running_since: Option<DateTimeUtc>,
     pub drain_started_at: Option<DateTimeUtc>,
     pub checkpoint_requested_at: Option<DateTimeUtc>,
+    /// The scheduler's reason code while queued (`WaitReason`), for the capacity loop.
+    pub wait_reason: Option<String>,
+    /// Put back in the queue; cleared once the scheduler has given it a wait reason.
+    pub requeued: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
