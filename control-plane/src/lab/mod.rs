@@ -5,8 +5,8 @@
 //!   store, the recovery, scheduling and capacity loops, the simulated clouds, one clock);
 //! - [`simagent`]: in-process agents for the simulated nodes of `replay` and `demo`;
 //! - [`demo`]: `spotplane demo`, the whole system on one machine around a `replay::World`;
-//! - [`bench`]: `spotplane bench submit` (load on the API) and `bench cycle` (the leader's
-//!   cycles on a large queue);
+//! - [`bench`](mod@bench): `spotplane bench submit` (load on the API) and `bench cycle` (the
+//!   leader's cycles on a large queue);
 //! - [`finance_week`]: `spotplane bench finance`, a replayed week in the ledger, checked against
 //!   the simulated clouds' bills;
 //! - [`openb`]: `spotplane bench pack`, the openb packing experiment of FGD over the scheduler's
