@@ -32,7 +32,6 @@
 
 pub mod fairshare;
 pub mod frag;
-pub mod openb;
 pub mod packing;
 pub mod policies;
 pub mod snapshot;
