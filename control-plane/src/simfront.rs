@@ -21,6 +21,11 @@
 //! routes change the fleet, so they take an admin token like the rest of the API.
 //!
 //! Both exist only when simulated clouds are configured.
+//!
+//! This is production, not lab code: `spotplane serve` with simulated clouds (the embedded
+//! default) merges this router into the API, and real node agents on simulated nodes read
+//! their notices here. So it sits beside `server` and, like every production module, imports
+//! nothing from the lab.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use spotplane::clock::ManualClock;
 use spotplane::config::FinanceSettings;
 use spotplane::finance::export::{FOCUS_COLUMNS, FOCUS_MANDATORY, FocusType, parse_csv};
-use spotplane::finance::week::{WeekSpec, run_week};
+use spotplane::lab::finance_week::{WeekSpec, run_week};
 use spotplane::reconcile::ledger::LedgerLoop;
 use spotplane::scheduler::{Assigned, Placement};
 use spotplane::store::{NewGpu, NewNode};

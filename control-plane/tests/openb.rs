@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use spotplane::scheduler::openb::trace::{TraceNode, TracePod, read_nodes, read_pods};
-use spotplane::scheduler::openb::{PUBLISHED_DEFAULT_130, gorand::GoRand, report, sim, workload};
+use spotplane::lab::openb::trace::{TraceNode, TracePod, read_nodes, read_pods};
+use spotplane::lab::openb::{PUBLISHED_DEFAULT_130, gorand::GoRand, report, sim, workload};
 use spotplane::scheduler::policies;
 
 fn data() -> PathBuf {

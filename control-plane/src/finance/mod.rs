@@ -9,7 +9,6 @@ pub mod export;
 pub mod held;
 pub mod ledger;
 pub mod summary;
-pub mod week;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

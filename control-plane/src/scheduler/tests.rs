@@ -215,10 +215,10 @@ fn a_large_queue_built_on_a_second_thread_gives_the_same_cycle_as_one_built_in_l
         queued: queue,
         teams,
     };
-    assert!(snap.queued.len() >= super::PARALLEL_QUEUES);
+    assert!(snap.queued.len() >= super::cycle::PARALLEL_QUEUES);
     let cfg = SchedulerConfig::default();
     let threaded = schedule(&snap, &Tightest, &cfg, now());
-    let in_line = super::schedule_with(&snap, &Tightest, &cfg, now(), false);
+    let in_line = super::cycle::schedule_with(&snap, &Tightest, &cfg, now(), false);
     assert!(!threaded.admissions.is_empty());
     assert_eq!(threaded, in_line);
 }

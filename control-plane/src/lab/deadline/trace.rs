@@ -3,7 +3,7 @@
 //! One JSON object per file: `{"metadata": {"gap_seconds": G}, "data": [0, 1, ...]}` with
 //! `0` = a spot instance is available (or kept) during that tick and `1` = not available (or
 //! preempted), as the authors' simulator reads it. Some preemption files add `"prices"`, the
-//! spot price in USD per hour at each tick. This is the only file of [`crate::deadline`] that
+//! spot price in USD per hour at each tick. This is the only file of [`crate::lab::deadline`] that
 //! touches the filesystem; every error names the file.
 
 use std::path::{Path, PathBuf};

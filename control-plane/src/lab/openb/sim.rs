@@ -219,8 +219,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::lab::openb::trace::{TraceNode, TracePod};
     use crate::scheduler::frag::{ModelSet, TypicalPod, TypicalPods};
-    use crate::scheduler::openb::trace::{TraceNode, TracePod};
     use crate::scheduler::policies::{BestFit, Fgd};
 
     fn node(name: &str, cpu: i64, gpus: u32) -> TraceNode {
@@ -347,7 +347,7 @@ mod tests {
                 tiebreak: (0..nodes.len() as u32).rev().collect(),
                 pods: pods.iter().map(|(cpu, n, m)| pod(*cpu, *n, *m)).collect(),
             };
-            let typical = Arc::new(crate::scheduler::openb::workload::typical_pods(&w.pods));
+            let typical = Arc::new(crate::lab::openb::workload::typical_pods(&w.pods));
             for name in crate::scheduler::policies::NAMES {
                 let policy = crate::scheduler::policies::by_name(name, typical.clone())
                     .expect("known policy");

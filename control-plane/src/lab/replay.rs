@@ -45,12 +45,12 @@ use spotplane_providers::registry::{self, BuildContext, Providers};
 use spotplane_providers::sim::{SimConfig, SimMarket};
 
 use crate::config::{Config, DatabaseConfig};
+use crate::lab::simagent::SimAgents;
 use crate::metrics::Metrics;
 use crate::planner::PlanPolicy;
 use crate::reconcile::capacity::{CapacityLoop, CapacitySettings};
 use crate::reconcile::recovery::RecoveryLoop;
 use crate::reconcile::scheduling::SchedulerLoop;
-use crate::simagent::SimAgents;
 use crate::store::{NewJob, NewTeam, Store, SubmitOutcome};
 
 /// One job of the trace.
@@ -73,7 +73,8 @@ pub enum JobStream {
 /// The job stream shipped with the project: the first 400 jobs of Philly cluster 0e4a51 from
 /// the Gavel traces (MIT; `data/jobs/philly-gavel/`, with its source and licence), what the
 /// demo takes from the full file.
-pub const SHIPPED_JOBS: &str = include_str!("../../data/jobs/philly-gavel/0e4a51-first-400.trace");
+pub const SHIPPED_JOBS: &str =
+    include_str!("../../../data/jobs/philly-gavel/0e4a51-first-400.trace");
 
 impl JobStream {
     /// The stream's jobs, sorted by arrival.

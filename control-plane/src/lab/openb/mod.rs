@@ -23,8 +23,8 @@ use std::time::Instant;
 use serde::Serialize;
 use serde::ser::SerializeMap;
 
-use super::frag::TypicalPods;
-use super::policies;
+use crate::scheduler::frag::TypicalPods;
+use crate::scheduler::policies;
 
 pub mod gorand;
 pub mod report;

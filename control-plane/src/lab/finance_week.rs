@@ -34,11 +34,11 @@ use spotplane_providers::registry::Providers;
 use spotplane_providers::sim::SimCloud;
 use spotplane_providers::{CloudProvider, Offer, ProvisionRequest};
 
-use super::export::{FocusAccount, decimal, parse_csv, to_csv, to_focus_csv};
-use super::ledger::LineKind;
-use super::summary::{GroupBy, summarize};
 use crate::clock::ManualClock;
 use crate::config::FinanceSettings;
+use crate::finance::export::{FocusAccount, decimal, parse_csv, to_csv, to_focus_csv};
+use crate::finance::ledger::LineKind;
+use crate::finance::summary::{GroupBy, summarize};
 use crate::reconcile::ledger::LedgerLoop;
 use crate::scheduler::{Assigned, Placement};
 use crate::store::{NewGpu, NewJob, NewNode, NewTeam, Store, new_uuid};
@@ -704,7 +704,7 @@ async fn check(
     report.idle = summary.total.idle_micros;
     report.lost_work = summary.total.lost_work_micros;
     for r in &summary.rows {
-        if r.key != super::summary::IDLE_KEY {
+        if r.key != crate::finance::summary::IDLE_KEY {
             report.by_team.insert(r.key.clone(), r.figures.cost_micros);
         }
     }

@@ -17,11 +17,11 @@ use anyhow::Context;
 use spotplane_providers::clock::ManualClock;
 use spotplane_providers::sim::SimMarket;
 
-use crate::cli::DemoArgs;
 use crate::config::Config;
+use crate::lab::cli::DemoArgs;
+use crate::lab::replay::{JobStream, ReplaySpec, World};
 use crate::metrics::Metrics;
 use crate::planner::PlanPolicy;
-use crate::replay::{JobStream, ReplaySpec, World};
 use crate::server::{ServeOptions, Server, shutdown_signal};
 use crate::store::{Store, generate_secret};
 
@@ -177,8 +177,8 @@ pub struct DaySummary {
     pub ondemand_equivalent_usd: f64,
     pub saving_pct: f64,
     pub lost_work_pct: f64,
-    pub notice_to_durable_s: crate::replay::Percentiles,
-    pub notice_to_resumed_s: crate::replay::Percentiles,
+    pub notice_to_durable_s: crate::lab::replay::Percentiles,
+    pub notice_to_resumed_s: crate::lab::replay::Percentiles,
     pub wall_seconds: f64,
 }
 
