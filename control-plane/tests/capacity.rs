@@ -473,7 +473,8 @@ async fn a_gang_that_cannot_be_bought_whole_is_given_back_and_set_aside(backend:
 /// simulated cloud answers), recording the offer of every call.
 struct Scripted {
     inner: Arc<dyn CloudProvider>,
-    script: std::sync::Mutex<std::collections::VecDeque<Option<spotplane_providers::ProviderError>>>,
+    script:
+        std::sync::Mutex<std::collections::VecDeque<Option<spotplane_providers::ProviderError>>>,
     calls: std::sync::Mutex<Vec<String>>,
 }
 
@@ -569,7 +570,11 @@ async fn an_offer_without_room_is_set_aside_and_the_next_one_bought(backend: Bac
     sched.run_once().await.expect("cycle");
     let r = cap.run_once().await.expect("round");
     let calls = cloud.calls();
-    assert_eq!(calls.len(), 2, "the first offer, then its fallback: {calls:?}");
+    assert_eq!(
+        calls.len(),
+        2,
+        "the first offer, then its fallback: {calls:?}"
+    );
     let first = calls[0].clone();
     assert_ne!(calls[1], first);
     assert_eq!(r.bought, 1, "{r:?}");
@@ -622,7 +627,11 @@ async fn quota_credentials_throttling_and_network_errors_stop_the_cloud_for_the_
         cloud.fail_next(e);
         sched.run_once().await.expect("cycle");
         let r = cap.run_once().await.expect("round");
-        assert_eq!(cloud.calls().len(), 1, "{kind}: one call, then no more: {r:?}");
+        assert_eq!(
+            cloud.calls().len(),
+            1,
+            "{kind}: one call, then no more: {r:?}"
+        );
         assert_eq!(r.bought, 0, "{kind}: {r:?}");
         assert_eq!(r.refused.get(kind), Some(&1), "{kind}: {r:?}");
         // The offer is not set aside: the next round buys both nodes, the first from it.
@@ -652,7 +661,11 @@ async fn a_refused_request_gives_up_that_buy_only(backend: Backend) {
     sched.run_once().await.expect("cycle");
     let r = cap.run_once().await.expect("round");
     let calls = cloud.calls();
-    assert_eq!(calls.len(), 2, "no fallback for that buy; the other buy made: {calls:?}");
+    assert_eq!(
+        calls.len(),
+        2,
+        "no fallback for that buy; the other buy made: {calls:?}"
+    );
     assert_eq!(r.bought, 1, "{r:?}");
     assert_eq!(r.refused.get("invalid_request"), Some(&1), "{r:?}");
     db.cleanup().await;

@@ -480,7 +480,7 @@ impl World {
         );
         js.replicas = shape.0;
         js.work_hours = Some(a.work_hours.max(1.0 / 60.0));
-        let id = JobId(uuid::Uuid::now_v7());
+        let id = JobId(crate::store::new_uuid(now));
         js.checkpoint = Some(CheckpointSpec {
             uri: format!("file://{}/jobs/{id}", self.objects.display()),
             interval_s: 1800,
