@@ -21,7 +21,7 @@
 //! The SDK's own retries are off: retrying is the decorators' job ([`crate::decorators`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -34,6 +34,7 @@ use sha2::{Digest, Sha256};
 use spotplane_core::{Cloud, GpuModel, Market, Micros, NodeId};
 
 use crate::catalog::CatalogRow;
+use crate::clock::{SharedClock, SystemClock};
 use crate::config::{AwsConfig, AwsLaunchApi};
 use crate::{
     CloudProvider, Instance, InstanceState, InterruptionEvent, InterruptionKind, Offer,
@@ -55,7 +56,12 @@ pub trait Ec2Api: Send + Sync {
     /// `(name, id)` of every availability zone of the region (`us-east-1a`, `use1-az4`).
     async fn availability_zones(&self) -> Result<Vec<(String, String)>, ProviderError>;
     /// The spot price in effect now of each type in each zone name (all pages).
-    async fn spot_prices(&self, types: &[String]) -> Result<Vec<SpotPricePoint>, ProviderError>;
+    /// The spot prices in force at `now` (the price history from `now` on).
+    async fn spot_prices(
+        &self,
+        types: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<SpotPricePoint>, ProviderError>;
     /// vCPUs, memory and GPUs of instance types.
     async fn instance_types(
         &self,
@@ -167,6 +173,7 @@ pub struct AwsProvider {
     queue: Option<Box<dyn QueueApi>>,
     catalog: Vec<CatalogRow>,
     cache: Mutex<Option<(Instant, Vec<Offer>)>>,
+    clock: SharedClock,
 }
 
 impl std::fmt::Debug for AwsProvider {
@@ -237,7 +244,14 @@ impl AwsProvider {
             queue,
             catalog: catalog.into_iter().filter(|r| r.gpu_count > 0).collect(),
             cache: Mutex::new(None),
+            clock: Arc::new(SystemClock),
         })
+    }
+
+    /// Reads the time from `clock` (the registry gives the control plane's).
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The instance types offered in a region: the configured ones, else the catalog's.
@@ -285,7 +299,8 @@ impl AwsProvider {
                 .map(|i| (i.instance_type.clone(), i))
                 .collect()
         };
-        let live: Vec<SpotPricePoint> = match region.ec2.spot_prices(&types).await {
+        let live: Vec<SpotPricePoint> = match region.ec2.spot_prices(&types, self.clock.now()).await
+        {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(region = %region.name, error = %e, "spot prices unavailable; using the catalog's");
@@ -540,7 +555,7 @@ impl CloudProvider for AwsProvider {
         let Some(queue) = &self.queue else {
             return Ok(Vec::new());
         };
-        let now = Utc::now();
+        let now = self.clock.now();
         let mut events = Vec::new();
         for _ in 0..MAX_BATCHES {
             let batch = queue.receive().await?;
@@ -871,7 +886,11 @@ impl Ec2Api for SdkEc2 {
             .collect())
     }
 
-    async fn spot_prices(&self, types: &[String]) -> Result<Vec<SpotPricePoint>, ProviderError> {
+    async fn spot_prices(
+        &self,
+        types: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<SpotPricePoint>, ProviderError> {
         // From now: EC2 answers with the price in effect at the start time, per zone.
         let mut pages = self
             .0
@@ -884,7 +903,7 @@ impl Ec2Api for SdkEc2 {
             ))
             .product_descriptions(PRODUCT)
             .start_time(aws_sdk_ec2::primitives::DateTime::from_secs(
-                Utc::now().timestamp(),
+                now.timestamp(),
             ))
             .into_paginator()
             .send();

@@ -162,7 +162,8 @@ async fn real(
         ProviderConfig::Aws(c) => {
             let p = crate::aws::AwsProvider::from_config(c, catalog)
                 .await
-                .map_err(|e| setup(index, "aws", e))?;
+                .map_err(|e| setup(index, "aws", e))?
+                .with_clock(Arc::clone(&ctx.clock));
             Ok(decorated(p, ctx))
         }
         #[cfg(feature = "gcp")]

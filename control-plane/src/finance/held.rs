@@ -19,13 +19,14 @@ pub struct HeldSpend {
 
 pub fn held_spend(nodes: &[Node], now: DateTime<Utc>) -> HeldSpend {
     let (mut cost, mut od) = (0i128, 0i128);
-    let mut gpu_hours = 0.0;
+    // GPU-milliseconds, summed exactly: the hours do not depend on the order of the nodes.
+    let mut gpu_ms = 0i128;
     for n in nodes.iter().filter(|n| n.provider_instance_id.is_some()) {
         let until = n.terminated_at.unwrap_or(now);
         let ms = i128::from((until - n.created_at).num_milliseconds().max(0));
         cost += i128::from(n.hourly_price.0) * ms;
         od += i128::from(n.on_demand_price.0) * ms;
-        gpu_hours += n.gpus.len() as f64 * ms as f64 / 3_600_000.0;
+        gpu_ms += n.gpus.len() as i128 * ms;
     }
     let usd = |v: i128| v as f64 / 3_600_000.0 / 1e6;
     HeldSpend {
@@ -36,6 +37,6 @@ pub fn held_spend(nodes: &[Node], now: DateTime<Utc>) -> HeldSpend {
         } else {
             0.0
         },
-        node_gpu_hours: gpu_hours,
+        node_gpu_hours: gpu_ms as f64 / 3_600_000.0,
     }
 }

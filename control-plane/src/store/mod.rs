@@ -98,6 +98,10 @@ pub enum StoreError {
     },
     #[error("could not open the database: {0}")]
     Connect(String),
+    /// A part of the store this process runs has stopped (the job writer), so the operation
+    /// cannot be done here; the process is shutting down or failing.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
     #[error("database error: {0}")]
     Db(#[from] DbErr),
 }

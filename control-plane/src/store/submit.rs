@@ -66,10 +66,10 @@ impl SubmitQueue {
         self.tx
             .send(Pending { new, now, reply })
             .await
-            .map_err(|_| StoreError::Connect("the job writer has stopped".into()))?;
+            .map_err(|_| StoreError::Unavailable("the job writer has stopped".into()))?;
         answer
             .await
-            .map_err(|_| StoreError::Connect("the job writer has stopped".into()))?
+            .map_err(|_| StoreError::Unavailable("the job writer has stopped".into()))?
     }
 }
 
