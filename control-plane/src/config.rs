@@ -905,6 +905,28 @@ mod tests {
     }
 
     #[test]
+    fn each_step_of_the_round_is_switched_alone_and_capacity_needs_the_scheduler() {
+        let base = Config::embedded_default().expect("default");
+        // (scheduler, recovery, capacity) -> the fields refused
+        let table: [((bool, bool, bool), &[&str]); 6] = [
+            ((true, true, true), &[]),
+            ((true, false, true), &[]),
+            ((true, true, false), &[]),
+            ((false, true, false), &[]),
+            ((false, false, false), &[]),
+            ((false, true, true), &["capacity.enabled"]),
+        ];
+        for ((scheduler, recovery, capacity), want) in table {
+            let mut c = base.clone();
+            c.scheduler.enabled = scheduler;
+            c.recovery.enabled = recovery;
+            c.capacity.enabled = capacity;
+            let fields: Vec<_> = c.validate().iter().map(|e| e.field.clone()).collect();
+            assert_eq!(fields, want, "{scheduler} {recovery} {capacity}");
+        }
+    }
+
+    #[test]
     fn environment_overrides_nested_keys_and_ignores_client_variables() {
         let c = load_with(
             &[

@@ -259,3 +259,63 @@ pub fn rounds(
     rounds.retain(|r| !r.is_empty());
     rounds
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use spotplane_providers::registry::Providers;
+
+    use super::rounds;
+    use crate::clock::{SharedClock, SystemClock};
+    use crate::config::Config;
+    use crate::metrics::Metrics;
+    use crate::store::Store;
+    use crate::webhooks::sender::Sender;
+
+    #[tokio::test]
+    async fn the_rounds_follow_the_config_part_by_part() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut base = Config::embedded_default().expect("default");
+        base.database.url = format!("sqlite://{}", dir.path().join("s.sqlite").display());
+        let store = Store::connect(&base.database, Metrics::new())
+            .await
+            .expect("store");
+        let clock: SharedClock = Arc::new(SystemClock);
+        let providers = Arc::new(Providers {
+            all: vec![],
+            sims: vec![],
+        });
+        let sender = Arc::new(Sender::new(&base.webhooks).expect("sender"));
+        let names = |c: &Config| -> Vec<(&'static str, Vec<&'static str>)> {
+            rounds(c, &store, &clock, &providers, Arc::clone(&sender))
+                .iter()
+                .map(|r| (r.lock(), r.names()))
+                .collect()
+        };
+        assert_eq!(
+            names(&base),
+            [
+                ("scheduling", vec!["recovery", "scheduling", "capacity"]),
+                ("ledger", vec!["ledger"]),
+                ("webhooks", vec!["webhooks"]),
+            ]
+        );
+        // The scheduler off leaves recovery running (capacity must be off too: validated).
+        let mut c = base.clone();
+        c.scheduler.enabled = false;
+        c.capacity.enabled = false;
+        c.finance.enabled = false;
+        assert_eq!(
+            names(&c),
+            [
+                ("scheduling", vec!["recovery"]),
+                ("webhooks", vec!["webhooks"]),
+            ]
+        );
+        // Nothing on: no round at all.
+        c.recovery.enabled = false;
+        c.webhooks.enabled = false;
+        assert!(names(&c).is_empty());
+    }
+}
