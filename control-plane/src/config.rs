@@ -908,7 +908,8 @@ mod tests {
     fn each_step_of_the_round_is_switched_alone_and_capacity_needs_the_scheduler() {
         let base = Config::embedded_default().expect("default");
         // (scheduler, recovery, capacity) -> the fields refused
-        let table: [((bool, bool, bool), &[&str]); 6] = [
+        type Case = ((bool, bool, bool), &'static [&'static str]);
+        let table: [Case; 6] = [
             ((true, true, true), &[]),
             ((true, false, true), &[]),
             ((true, true, false), &[]),
