@@ -19,11 +19,11 @@
 //!
 //! # Where it is
 //!
-//! - [`register`]: bootstrap tokens and registration;
-//! - [`heartbeat`]: heartbeats, what an agent last reported, and termination notices (the
+//! - `register.rs`: bootstrap tokens and registration;
+//! - `heartbeat.rs`: heartbeats, what an agent last reported, and termination notices (the
 //!   agent's or a cloud's event stream's);
-//! - [`commands`]: the command queue and the results the agents report;
-//! - [`checkpoints`]: checkpoint reports and the resume points they make.
+//! - `commands.rs`: the command queue and the results the agents report;
+//! - `checkpoints.rs`: checkpoint reports and the resume points they make.
 //!
 //! This file keeps what they share: a node's lifecycle move with its outbox event.
 
