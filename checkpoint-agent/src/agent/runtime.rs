@@ -1,5 +1,7 @@
 //! The main loop: a heartbeat every interval, and at once when a task reports something or a
 //! termination notice arrives; a notice with a deadline checkpoints every running replica.
+//! Completed commands are remembered in the work directory; on the way out every workload is
+//! stopped.
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -25,7 +25,8 @@
 //! - `commands.rs`: the command queue and the results the agents report;
 //! - `checkpoints.rs`: checkpoint reports and the resume points they make.
 //!
-//! This file keeps what they share: a node's lifecycle move with its outbox event.
+//! This file keeps what they share: a node's lifecycle move with its outbox event
+//! (`node_transition_in`), and two helpers of the rows (`u32_col`, `to_json`).
 
 mod checkpoints;
 mod commands;
