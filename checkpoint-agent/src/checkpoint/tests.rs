@@ -3,11 +3,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use futures::stream::BoxStream;
 use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
-    PutMultipartOptions, PutOptions, PutResult, UploadPart,
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStoreExt,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
 };
+use sha2::{Digest, Sha256};
 
 use super::*;
+use crate::workload::MARKER;
 
 /// Writes a checkpoint directory: two small files, one large enough for multipart, and the
 /// marker (which must not be uploaded).

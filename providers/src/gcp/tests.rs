@@ -3,12 +3,15 @@
 //! `real_gcp_lists_offers_in_one_zone` talks to Google and runs only when asked to.
 
 use serde_json::{Value, json};
+use spotplane_core::{GpuModel, NodeId};
 use wiremock::matchers::{
     bearer_token, body_partial_json, method, path, query_param, query_param_is_missing,
 };
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use super::billing::{Money, sku_gpu_model};
 use super::*;
+use crate::InstanceState;
 use crate::catalog::{self, HEADER};
 
 const PROJECT: &str = "proj";
