@@ -101,7 +101,10 @@ pub struct NodeState {
     pub mig: Vec<Option<MigGpu>>,
     /// Plain GPUs switched to MIG (or back) this cycle: untouchable until applied.
     pub plain_pending: SmallVec<[bool; 8]>,
-    /// A stable per-node tie-break, so equal scores pick the same node every cycle.
+    /// A per-node tie-break, so equal scores pick the same node every cycle and every run:
+    /// the node's rank in id order. Node ids are time-ordered and made in the order nodes are
+    /// bought, so of two tied nodes the older wins; the ids' random bits, which differ from
+    /// run to run, play no part.
     pub tiebreak: u32,
     /// Bumped whenever the node's free capacity changes (for caches of scores).
     pub version: u32,
@@ -145,6 +148,12 @@ impl State {
         let mut regions: Vec<std::sync::Arc<str>> = Vec::new();
         let mut nodes = Vec::with_capacity(snap_nodes.len());
         let mut by_id = FxHashMap::with_capacity_and_hasher(snap_nodes.len(), Default::default());
+        let mut in_id_order: Vec<u32> = (0..snap_nodes.len() as u32).collect();
+        in_id_order.sort_unstable_by_key(|&i| snap_nodes[i as usize].id);
+        let mut rank = vec![0u32; snap_nodes.len()];
+        for (r, &i) in in_id_order.iter().enumerate() {
+            rank[i as usize] = r as u32;
+        }
         for (i, n) in snap_nodes.iter().enumerate() {
             let zone = match zones.iter().position(|z| *z == n.zone) {
                 Some(z) => z as u16,
@@ -173,8 +182,7 @@ impl State {
             } else {
                 Vec::new()
             };
-            // A tie-break derived from the node id: stable across cycles, spread across nodes.
-            let tiebreak = (n.id.0.as_u128() as u32) ^ ((n.id.0.as_u128() >> 64) as u32);
+            let tiebreak = rank[i];
             by_id.insert(n.id, i as u32);
             nodes.push(NodeState {
                 id: n.id,

@@ -106,8 +106,10 @@ impl Store {
                     durable.entry(c.job_id.clone()).or_default().push(c);
                 }
             }
-            // The nodes: every live one, and any the allocations point at.
-            let mut node_rows: HashMap<String, node::Model> = node::Entity::find()
+            // The nodes: every live one, and any the allocations point at. By id, so what is
+            // read from them (the replicas their agents report, and so the stops planned for
+            // them) comes in the same order every run.
+            let mut node_rows: BTreeMap<String, node::Model> = node::Entity::find()
                 .filter(
                     node::Column::State.is_in(
                         [
