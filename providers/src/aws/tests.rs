@@ -1,4 +1,6 @@
+use super::sdk::{code_error, gpu_model_of};
 use super::*;
+use crate::InterruptionKind;
 
 fn now() -> DateTime<Utc> {
     "2026-11-30T08:22:05Z".parse().expect("time")
