@@ -1,26 +1,18 @@
-//! The capacity loop: prices in, nodes bought and given back, the store and the clouds kept in
-//! step. Each round:
+//! The capacity loop, the last step of the scheduling round: prices in, nodes bought and given
+//! back, the store and the clouds kept in step. Each round, in this order:
 //!
-//! 1. **Price poller** — every `price_refresh`, each provider's offers (a provider that fails
-//!    keeps its last ones) are recorded in the store.
-//! 2. **Planner** — the queued jobs the scheduler could not place for want of capacity, the
-//!    fleet and its use go to the pure [`planner::plan`].
-//! 3. **Provisioner** — each buy is a node row (`requested`, idempotency token = the node id)
-//!    and one `provision` call per node, walking the buy's fallback chain on typed errors:
-//!    insufficient capacity sets the offer aside for `capacity_error_ttl` and tries the next;
-//!    price-too-low does the same; quota or auth stops buying on that cloud this round;
-//!    throttling and transient errors leave the rest for the next round.
-//! 4. **Releases** — idle nodes and nodes that never booted are terminated (the latter's offer
-//!    set aside for `boot_failure_ttl`).
-//! 5. **Consolidation** — when no job waits for capacity, a node whose work fits on the rest of
-//!    the fleet, and for which giving it back saves more than moving the work costs, is drained
-//!    ([`planner::consolidate`]): its jobs checkpoint and requeue, the scheduler places them
-//!    elsewhere, and the node is given back once nothing holds it.
-//! 6. **Sync and orphan sweeper** — each provider's instances carrying the cluster tag: a node
-//!    whose instance is gone is marked terminated (a spot node gone unasked counts as an
-//!    interruption of its pool); an instance no node row knows, older than `orphan_grace`, is
-//!    terminated. Simulated nodes have no agent of their own: they count as ready once
-//!    running (`ready_on_running`).
+//! 1. **Prices** — every `price_refresh`, each provider's offers are recorded in the store (a
+//!    provider that fails keeps its last ones).
+//! 2. **Sync** (`sync.rs`) — the store brought in step with each cloud's tagged instances;
+//!    orphans swept.
+//! 3. **Plan** — the queued jobs whose wait reason is `NoCapacity`, the fleet and its use go to
+//!    the pure [`planner::plan`].
+//! 4. **Buys** (`provision.rs`) — each buy walked along its fallbacks, reacting to each typed
+//!    provider error as [`reaction`] says.
+//! 5. **Releases** — idle nodes and nodes that never booted (their offer set aside for
+//!    `boot_failure_ttl`).
+//! 6. **Consolidation** (`consolidation.rs`) — only while no job waits for capacity.
+//! 7. **Exits** — retired nodes and drained ones nothing holds any more are given back.
 //!
 //! Pool statistics (node-hours and interruptions per pool) and the set-aside offers live in the
 //! loop, between rounds; the planner gets them as plain values.
