@@ -11,7 +11,7 @@ What is checked, and against what:
 - the rendered spotplane.toml is valid TOML whose keys all exist in the Rust config structs
   (they deny unknown fields) and which sets every required field;
 - the EventBridge rules match, kind for kind, the (source, detail-type) pairs that
-  providers/src/aws.rs routes, with the same state and health filters;
+  providers/src/aws/events.rs routes, with the same state and health filters;
 - the node boot script starts `spotplane-agent run` with the agreed flags;
 - Terraform 1.0.3 compatibility beyond what `terraform providers` already loads: no blocks,
   arguments or functions from later versions;
@@ -366,7 +366,7 @@ class Modules(unittest.TestCase):
             self.assertEqual(tpl_vars, set(SAMPLE_CONFIG_VALUES[cloud]), f"{cloud}: sample values out of date")
 
     def test_eventbridge_rules_match_what_the_aws_provider_routes(self):
-        src = read("providers/src/aws.rs")
+        src = read("providers/src/aws/events.rs")
         routed = set(re.findall(r'\("(aws\.[a-z0-9]+)",\s*"([^"]+)"\)\s*=>', src))
         self.assertEqual(len(routed), 4, f"expected the four kinds of REFERENCE.md in aws.rs, found {routed}")
         events = locals_of(self.docs["aws"])["interruption_events"]
@@ -376,7 +376,7 @@ class Modules(unittest.TestCase):
             (source,) = [uq(s) for s in p["source"]]
             (detail_type,) = [uq(s) for s in p['"detail-type"']]
             patterns[(source, detail_type)] = p.get("detail", {})
-        self.assertEqual(set(patterns), routed, "EventBridge rules and providers/src/aws.rs disagree")
+        self.assertEqual(set(patterns), routed, "EventBridge rules and providers/src/aws/events.rs disagree")
 
         # The state-change rule sends exactly the states aws.rs acts on.
         m = re.search(r'Some\(((?:"[a-z-]+"\s*\|\s*)*"[a-z-]+")\)\s*=>\s*\{\s*Ok\(Routed::Events', src)
