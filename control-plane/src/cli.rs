@@ -68,11 +68,16 @@ pub struct OffersArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum CatalogCommand {
-    /// Regenerate aws.csv and gcp.csv from the recorded market data (azure.csv is kept by hand).
+    /// Regenerate aws.csv and gcp.csv from SkyPilot's catalog CSVs and the recorded market
+    /// data (azure.csv is kept by hand). docs/catalog.md says which column comes from where.
     Build {
-        /// The shared data folder.
+        /// The shared data folder (SpotLake's AWS signals, the GCP price history).
         #[arg(long, default_value = "../shared/data")]
         data: PathBuf,
+        /// A folder with SkyPilot's `aws.csv` and `gcp.csv` (`catalogs/v7/{aws,gcp}/vms.csv`,
+        /// whole or filtered).
+        #[arg(long, default_value = "data/catalog/skypilot")]
+        skypilot: PathBuf,
         /// Where the catalogs go.
         #[arg(long, default_value = "config/catalog")]
         out: PathBuf,

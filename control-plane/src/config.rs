@@ -781,6 +781,101 @@ impl Config {
     }
 }
 
+/// What replaces a secret in printed configuration.
+pub const REDACTED: &str = "<redacted>";
+
+impl Config {
+    /// The configuration as `spotplane config` prints it: every secret replaced by
+    /// [`REDACTED`]. A password or token can hide in three places, and each is covered, so a
+    /// field added later is safe without anyone remembering this function:
+    ///
+    /// - in a URL's user information (`postgres://user:password@host/db`), which keeps the user;
+    /// - in a URL's query (`?password=…`, a SAS token's `sig=…`), by parameter name;
+    /// - as a field whose name says it holds one (`password`, `token`, `secret`, `credential`,
+    ///   a `key` that is not a public key or a key's file).
+    pub fn redacted(&self) -> Result<serde_json::Value, serde_json::Error> {
+        let mut v = serde_json::to_value(self)?;
+        redact(&mut v);
+        Ok(v)
+    }
+}
+
+fn redact(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            for (k, field) in map.iter_mut() {
+                // Sections (`secrets`) are walked; only their values are replaced.
+                if secret_name(k) && matches!(field, Value::String(_) | Value::Number(_)) {
+                    *field = Value::String(REDACTED.into());
+                } else {
+                    redact(field);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact),
+        Value::String(s) => {
+            if let Some(clean) = redact_url(s) {
+                *s = clean;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether a field or query parameter named `name` holds a secret.
+fn secret_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    if n.contains("public") || n.ends_with("_file") || n.ends_with("_path") {
+        return false;
+    }
+    [
+        "password",
+        "passwd",
+        "token",
+        "secret",
+        "credential",
+        "signature",
+    ]
+    .iter()
+    .any(|w| n.contains(w))
+        || n == "sig"
+        || n == "key"
+        || n.ends_with("_key")
+        || n.ends_with("-key")
+        || n.ends_with("apikey")
+}
+
+/// `s` with its password and secret query parameters redacted, when it is a URL that has any.
+fn redact_url(s: &str) -> Option<String> {
+    let mut url = url::Url::parse(s).ok()?;
+    let mut changed = false;
+    if url.password().is_some() {
+        // Plain letters: `<` and `>` would be percent-encoded in a URL.
+        url.set_password(Some("redacted")).ok()?;
+        changed = true;
+    }
+    if url.query().is_some() {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| {
+                let secret = secret_name(&k);
+                changed |= secret;
+                let v = if secret {
+                    "redacted".into()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        if changed {
+            url.query_pairs_mut().clear().extend_pairs(pairs);
+        }
+    }
+    changed.then(|| url.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -804,6 +899,59 @@ mod tests {
             Ok(())
         });
         result.unwrap_or_else(|| Err(ConfigError::Missing(PathBuf::new())))
+    }
+
+    #[test]
+    fn printed_configuration_shows_no_password_token_or_key() {
+        use base64::Engine as _;
+        let key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+        let c = load_with(
+            &[
+                (
+                    "DATABASE_URL",
+                    "postgres://spot:hunter2@db.internal:5432/spot?sslmode=require&password=pw-in-query",
+                ),
+                ("SPOTPLANE_SECRETS__KEY", &key),
+            ],
+            None,
+        )
+        .expect("loads");
+        let printed = serde_json::to_string(&c.redacted().expect("serializes")).expect("text");
+        for secret in ["hunter2", "pw-in-query", key.as_str()] {
+            assert!(!printed.contains(secret), "{secret} printed: {printed}");
+        }
+        // What is not secret is still there to read.
+        for kept in [
+            "postgres://spot:redacted@db.internal:5432/spot?sslmode=require&password=redacted",
+            "data/secrets.key",
+        ] {
+            assert!(printed.contains(kept), "{kept} missing: {printed}");
+        }
+        // A signed URL (an Azure SAS) keeps all but its signature.
+        assert_eq!(
+            redact_url("https://acct.blob.core.windows.net/c?sv=2022-11-02&sig=abc%2Bdef")
+                .as_deref(),
+            Some("https://acct.blob.core.windows.net/c?sv=2022-11-02&sig=redacted")
+        );
+        assert_eq!(redact_url("s3://bucket/prefix"), None);
+    }
+
+    #[test]
+    fn secret_field_names() {
+        for (name, secret) in [
+            ("password", true),
+            ("client_secret", true),
+            ("bootstrap_token", true),
+            ("key", true),
+            ("aws_secret_access_key", true),
+            ("sig", true),
+            ("ssh_public_key", false),
+            ("key_file", false),
+            ("url", false),
+            ("max_connections", false),
+        ] {
+            assert_eq!(secret_name(name), secret, "{name}");
+        }
     }
 
     #[test]

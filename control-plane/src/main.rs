@@ -225,9 +225,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = Config::load(cli.config.as_deref())?;
             offers(&config, &args).await
         }
-        Command::Catalog(CatalogCommand::Build { data, out }) => {
+        Command::Catalog(CatalogCommand::Build {
+            data,
+            skypilot,
+            out,
+        }) => {
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            for (cloud, rows) in catalog::build_from_data(&data)? {
+            for (cloud, rows) in catalog::build_from_data(&data, &skypilot)? {
                 let path = out.join(catalog::file_name(cloud));
                 std::fs::write(&path, catalog::to_csv(&rows))
                     .with_context(|| format!("writing {}", path.display()))?;
@@ -311,7 +315,8 @@ async fn offers(config: &Config, args: &OffersArgs) -> anyhow::Result<()> {
 
 fn toml_of(config: &Config) -> anyhow::Result<String> {
     // figment reads TOML; for printing, JSON-as-TOML is not worth a dependency: print JSON.
-    Ok(serde_json::to_string_pretty(config)? + "\n")
+    // Never a password or token: `Config::redacted` takes them out.
+    Ok(serde_json::to_string_pretty(&config.redacted()?)? + "\n")
 }
 
 fn client_of(args: &ClientArgs) -> anyhow::Result<Client> {

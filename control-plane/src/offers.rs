@@ -62,7 +62,7 @@ pub fn table(offers: &[Offer]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<6} {:<16} {:<22} {:<26} {:<9} {:<10} {:>4} {:>11} {:>11} {:>9} {:>6}  INTERRUPTS",
+        "{:<6} {:<16} {:<22} {:<26} {:<9} {:<10} {:>4} {:>11} {:>11} {:>9} {:>6}  {:<10} PRICES",
         "CLOUD",
         "REGION",
         "ZONE",
@@ -74,6 +74,7 @@ pub fn table(offers: &[Offer]) -> String {
         "$/GPU-HOUR",
         "SAVES",
         "SCORE",
+        "INTERRUPTS",
     );
     for o in offers {
         let saves = if o.on_demand_price.0 > 0 && o.market == Market::Spot {
@@ -86,7 +87,7 @@ pub fn table(offers: &[Offer]) -> String {
         };
         let _ = writeln!(
             s,
-            "{:<6} {:<16} {:<22} {:<26} {:<9} {:<10} {:>4} {:>11} {:>11} {:>9} {:>6}  {}",
+            "{:<6} {:<16} {:<22} {:<26} {:<9} {:<10} {:>4} {:>11} {:>11} {:>9} {:>6}  {:<10} {}",
             o.cloud.to_string(),
             o.region,
             o.zone,
@@ -101,9 +102,23 @@ pub fn table(offers: &[Offer]) -> String {
                 .map(|p| format!("{p}"))
                 .unwrap_or_else(|| "-".into()),
             o.interruption_bucket.as_deref().unwrap_or("-"),
+            prices_from(o),
         );
     }
     s
+}
+
+/// Where the offer's prices came from: one word when both agree, else `price/on-demand`.
+fn prices_from(o: &Offer) -> String {
+    if o.price_source == o.on_demand_source {
+        o.price_source.as_str().to_owned()
+    } else {
+        format!(
+            "{}/{}",
+            o.price_source.as_str(),
+            o.on_demand_source.as_str()
+        )
+    }
 }
 
 fn dollars(m: Micros) -> String {
@@ -130,6 +145,8 @@ mod tests {
             on_demand_price: Micros::parse_usd("100").expect("price"),
             placement_score: None,
             interruption_bucket: None,
+            price_source: spotplane_providers::PriceSource::Catalog,
+            on_demand_source: spotplane_providers::PriceSource::Catalog,
         }
     }
 
@@ -171,5 +188,9 @@ mod tests {
         let t = table(&[offer(Cloud::Aws, "p5.48xlarge", Market::Spot, 8, "25")]);
         assert!(t.contains("75%"), "{t}");
         assert!(t.contains("25.0000") && t.contains("3.1250"), "{t}");
+        assert!(t.contains(" catalog\n"), "where the prices are from: {t}");
+        let mut live = offer(Cloud::Aws, "p5.48xlarge", Market::Spot, 8, "25");
+        live.price_source = spotplane_providers::PriceSource::Live;
+        assert!(table(&[live]).contains(" live/catalog\n"));
     }
 }

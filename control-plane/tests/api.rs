@@ -803,6 +803,8 @@ async fn nodes_and_offers_are_listed_with_their_gpus(backend: Backend) {
                 on_demand_price: Micros::parse_usd("1.006").expect("price"),
                 placement_score: Some(3.0),
                 interruption_bucket: Some("<5%".into()),
+                price_source: spotplane_providers::PriceSource::Catalog,
+                on_demand_source: spotplane_providers::PriceSource::Catalog,
             }],
             now,
         )

@@ -18,6 +18,7 @@ pub enum GpuModel {
     H100_80GB,
     H200_141GB,
     B200_180GB,
+    L40S,
     L4,
     A10G,
     A10,
@@ -38,12 +39,13 @@ pub enum GpuModel {
 pub struct UnknownGpuModel(pub String);
 
 impl GpuModel {
-    pub const ALL: [GpuModel; 15] = [
+    pub const ALL: [GpuModel; 16] = [
         GpuModel::A100_40GB,
         GpuModel::A100_80GB,
         GpuModel::H100_80GB,
         GpuModel::H200_141GB,
         GpuModel::B200_180GB,
+        GpuModel::L40S,
         GpuModel::L4,
         GpuModel::A10G,
         GpuModel::A10,
@@ -64,6 +66,7 @@ impl GpuModel {
             GpuModel::H100_80GB => "H100-80GB",
             GpuModel::H200_141GB => "H200-141GB",
             GpuModel::B200_180GB => "B200-180GB",
+            GpuModel::L40S => "L40S",
             GpuModel::L4 => "L4",
             GpuModel::A10G => "A10G",
             GpuModel::A10 => "A10",
@@ -91,6 +94,8 @@ impl GpuModel {
             ],
             GpuModel::H200_141GB => &["H200", "nvidia-h200-141gb"],
             GpuModel::B200_180GB => &["B200", "nvidia-b200"],
+            // AWS g6e and GCP's G2 successor; not the L40 (no S), a different card.
+            GpuModel::L40S => &["nvidia-l40s", "L40S-48GB"],
             GpuModel::L4 => &["nvidia-l4"],
             GpuModel::A10G => &[],
             GpuModel::A10 => &[],
@@ -113,6 +118,7 @@ impl GpuModel {
             GpuModel::H100_80GB => Some(80 * 1024),
             GpuModel::H200_141GB => Some(141 * 1024),
             GpuModel::B200_180GB => Some(180 * 1024),
+            GpuModel::L40S => Some(48 * 1024),
             GpuModel::L4 => Some(24 * 1024),
             GpuModel::A10G => Some(24 * 1024),
             GpuModel::A10 => Some(24 * 1024),

@@ -12,7 +12,6 @@
 //! is kept by hand (docs/catalog.md says from where).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -63,37 +62,51 @@ pub fn load(path: &Path) -> Result<Vec<CatalogRow>, CatalogError> {
     parse(&text, &path.display().to_string())
 }
 
-/// Parses catalog CSV text; `origin` names it in errors.
+/// Parses catalog CSV text; `origin` names it in errors. Fields may be quoted (a user's file
+/// written by a spreadsheet, a GPU description with commas): read with the `csv` crate.
 pub fn parse(text: &str, origin: &str) -> Result<Vec<CatalogRow>, CatalogError> {
-    let mut lines = text.lines().enumerate();
-    let err = |line: usize, message: String| CatalogError::Parse {
+    let err = |line: u64, message: String| CatalogError::Parse {
         path: origin.to_owned(),
-        line,
+        line: line as usize,
         message,
     };
-    match lines.next() {
-        Some((_, h)) if h.trim() == HEADER => {}
-        Some((_, h)) => {
-            return Err(err(
-                1,
-                format!("expected the header {HEADER:?}, found {h:?}"),
-            ));
-        }
-        None => return Err(err(1, "empty file".into())),
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes());
+    let header = reader
+        .headers()
+        .map_err(|e| err(1, e.to_string()))?
+        .iter()
+        .collect::<Vec<_>>()
+        .join(",");
+    if header.is_empty() {
+        return Err(err(1, "empty file".into()));
+    }
+    if header != HEADER {
+        return Err(err(
+            1,
+            format!("expected the header {HEADER:?}, found {header:?}"),
+        ));
     }
     let mut rows = Vec::new();
-    for (i, line) in lines {
-        let n = i + 1;
-        if line.trim().is_empty() {
+    for record in reader.records() {
+        let f = record.map_err(|e| {
+            let line = e.position().map(|p| p.line()).unwrap_or(0);
+            err(line, e.to_string())
+        })?;
+        let n = f.position().map(|p| p.line()).unwrap_or(0);
+        if f.iter().all(str::is_empty) {
             continue;
         }
-        let f: Vec<&str> = line.split(',').map(str::trim).collect();
         if f.len() != 11 {
             return Err(err(n, format!("expected 11 columns, found {}", f.len())));
         }
         let num = |v: &str, what: &str| {
             v.parse::<f64>()
-                .map_err(|_| err(n, format!("{what} {v:?} is not a number")))
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| err(n, format!("{what} {v:?} is not a number")))
         };
         let usd =
             |v: &str, what: &str| Micros::parse_usd(v).map_err(|e| err(n, format!("{what}: {e}")));
@@ -101,8 +114,8 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<CatalogRow>, CatalogError> 
             instance_type: f[0].into(),
             vcpus: f[1]
                 .parse()
-                .map_err(|_| err(n, format!("vCPUs {:?} is not a count", f[1])))?,
-            memory_gib: num(f[2], "MemoryGiB")?,
+                .map_err(|_| err(n, format!("vCPUs {:?} is not a count", &f[1])))?,
+            memory_gib: num(&f[2], "MemoryGiB")?,
             gpu_model: if f[3].is_empty() {
                 None
             } else {
@@ -115,20 +128,20 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<CatalogRow>, CatalogError> 
                 0
             } else {
                 f[4].parse()
-                    .map_err(|_| err(n, format!("AcceleratorCount {:?}", f[4])))?
+                    .map_err(|_| err(n, format!("AcceleratorCount {:?}", &f[4])))?
             },
             region: f[5].into(),
             zone: f[6].into(),
-            price: usd(f[7], "Price")?,
+            price: usd(&f[7], "Price")?,
             spot_price: if f[8].is_empty() {
                 None
             } else {
-                Some(usd(f[8], "SpotPrice")?)
+                Some(usd(&f[8], "SpotPrice")?)
             },
             placement_score: if f[9].is_empty() {
                 None
             } else {
-                Some(num(f[9], "PlacementScore")?)
+                Some(num(&f[9], "PlacementScore")?)
             },
             interruption_bucket: (!f[10].is_empty()).then(|| f[10].into()),
         });
@@ -142,30 +155,39 @@ pub fn to_csv(rows: &[CatalogRow]) -> String {
     sorted.sort_by(|a, b| {
         (&a.instance_type, &a.region, &a.zone).cmp(&(&b.instance_type, &b.region, &b.zone))
     });
-    let mut out = String::from(HEADER);
-    out.push('\n');
+    // Quoted only where a field needs it, so plain rows read as before.
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let mut write = |fields: &[&str]| {
+        // Writing to memory fails only on a bug in the writer; the row is then left out loudly.
+        if let Err(e) = w.write_record(fields) {
+            tracing::error!(error = %e, "a catalog row could not be written");
+        }
+    };
+    write(&HEADER.split(',').collect::<Vec<_>>());
     for r in sorted {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{},{}",
-            r.instance_type,
-            r.vcpus,
-            r.memory_gib,
+        let count = if r.gpu_count > 0 {
+            r.gpu_count.to_string()
+        } else {
+            String::new()
+        };
+        write(&[
+            &r.instance_type,
+            &r.vcpus.to_string(),
+            &r.memory_gib.to_string(),
             r.gpu_model.map(|m| m.name()).unwrap_or(""),
-            if r.gpu_count > 0 {
-                r.gpu_count.to_string()
-            } else {
-                String::new()
-            },
-            r.region,
-            r.zone,
-            dollars(r.price),
-            r.spot_price.map(dollars).unwrap_or_default(),
-            r.placement_score.map(|s| s.to_string()).unwrap_or_default(),
+            &count,
+            &r.region,
+            &r.zone,
+            &dollars(r.price),
+            &r.spot_price.map(dollars).unwrap_or_default(),
+            &r.placement_score.map(|s| s.to_string()).unwrap_or_default(),
             r.interruption_bucket.as_deref().unwrap_or(""),
-        );
+        ]);
     }
-    out
+    w.into_inner()
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_default()
 }
 
 fn dollars(m: Micros) -> String {
@@ -190,30 +212,101 @@ pub fn file_name(cloud: Cloud) -> &'static str {
     }
 }
 
-/// Shapes of the AWS GPU instance types spotplane schedules on (AWS documentation, "Accelerated
-/// computing instance types"): vCPUs, memory in GiB, GPU model and count.
-const AWS_GPU_TYPES: &[(&str, u32, f64, GpuModel, u32)] = &[
-    ("g4dn.xlarge", 4, 16.0, GpuModel::T4, 1),
-    ("g4dn.2xlarge", 8, 32.0, GpuModel::T4, 1),
-    ("g4dn.4xlarge", 16, 64.0, GpuModel::T4, 1),
-    ("g4dn.8xlarge", 32, 128.0, GpuModel::T4, 1),
-    ("g4dn.12xlarge", 48, 192.0, GpuModel::T4, 4),
-    ("g4dn.16xlarge", 64, 256.0, GpuModel::T4, 1),
-    ("g4dn.metal", 96, 384.0, GpuModel::T4, 8),
-    ("g5.xlarge", 4, 16.0, GpuModel::A10G, 1),
-    ("g5.2xlarge", 8, 32.0, GpuModel::A10G, 1),
-    ("g5.4xlarge", 16, 64.0, GpuModel::A10G, 1),
-    ("g5.8xlarge", 32, 128.0, GpuModel::A10G, 1),
-    ("g5.12xlarge", 48, 192.0, GpuModel::A10G, 4),
-    ("g5.16xlarge", 64, 256.0, GpuModel::A10G, 1),
-    ("g5.24xlarge", 96, 384.0, GpuModel::A10G, 4),
-    ("g5.48xlarge", 192, 768.0, GpuModel::A10G, 8),
-    ("p3.2xlarge", 8, 61.0, GpuModel::V100_16GB, 1),
-    ("p3.8xlarge", 32, 244.0, GpuModel::V100_16GB, 4),
-    ("p3.16xlarge", 64, 488.0, GpuModel::V100_16GB, 8),
-    ("p3dn.24xlarge", 96, 768.0, GpuModel::V100_32GB, 8),
-    ("p4d.24xlarge", 96, 1152.0, GpuModel::A100_40GB, 8),
-];
+/// A SkyPilot catalog CSV (`catalogs/v7/{aws,gcp}/vms.csv`) read by column name: its columns
+/// differ per cloud, and its GPU description (`GpuInfo`) is a quoted field with commas.
+struct SkyPilot {
+    origin: String,
+    columns: Vec<String>,
+    records: Vec<(u64, csv::StringRecord)>,
+}
+
+impl SkyPilot {
+    fn read(text: &str, origin: &str) -> Result<SkyPilot, CatalogError> {
+        let err = |line: u64, message: String| CatalogError::Parse {
+            path: origin.to_owned(),
+            line: line as usize,
+            message,
+        };
+        let mut reader = csv::ReaderBuilder::new()
+            .flexible(true)
+            .from_reader(text.as_bytes());
+        let columns: Vec<String> = reader
+            .headers()
+            .map_err(|e| err(1, e.to_string()))?
+            .iter()
+            .map(str::to_owned)
+            .collect();
+        let mut records = Vec::new();
+        for r in reader.records() {
+            let r =
+                r.map_err(|e| err(e.position().map(|p| p.line()).unwrap_or(0), e.to_string()))?;
+            let line = r.position().map(|p| p.line()).unwrap_or(0);
+            if r.len() != columns.len() {
+                return Err(err(
+                    line,
+                    format!("expected {} columns, found {}", columns.len(), r.len()),
+                ));
+            }
+            records.push((line, r));
+        }
+        Ok(SkyPilot {
+            origin: origin.to_owned(),
+            columns,
+            records,
+        })
+    }
+
+    /// The index of `name`, or an error naming the file.
+    fn column(&self, name: &str) -> Result<usize, CatalogError> {
+        self.columns
+            .iter()
+            .position(|c| c == name)
+            .ok_or_else(|| CatalogError::Parse {
+                path: self.origin.clone(),
+                line: 1,
+                message: format!("no {name} column in {:?}", self.columns.join(",")),
+            })
+    }
+
+    fn err(&self, line: u64, message: String) -> CatalogError {
+        CatalogError::Parse {
+            path: self.origin.clone(),
+            line: line as usize,
+            message,
+        }
+    }
+}
+
+/// SkyPilot writes counts as floats (`8.0`).
+fn whole(v: &str) -> Option<u32> {
+    let x: f64 = v.trim().parse().ok()?;
+    (x >= 0.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX)).then_some(x as u32)
+}
+
+/// The GPU model of a SkyPilot accelerator name, with the memory its `GpuInfo` states where
+/// the name alone is ambiguous (`A100` with 81920 MiB is the 80 GB card).
+fn skypilot_model(name: &str, gpu_info: &str) -> Option<GpuModel> {
+    let name = match name.trim() {
+        "" => return None,
+        // GCP's A3 Mega GPU: an H100 80GB with more network, priced as its own SKU.
+        "H100-MEGA" => "H100",
+        n => n,
+    };
+    let mib = gpu_info.split("'SizeInMiB':").nth(1).and_then(|rest| {
+        let digits: String = rest
+            .trim_start()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse::<u32>().ok()
+    });
+    if let Some(mib) = mib
+        && let Ok(m) = format!("{name}-{}GB", (mib + 512) / 1024).parse()
+    {
+        return Some(m);
+    }
+    name.parse().ok()
+}
 
 /// The SpotLake interruption-frequency bucket code as its range (data README).
 fn interruption_bucket(code: &str) -> Option<Arc<str>> {
@@ -230,48 +323,246 @@ fn interruption_bucket(code: &str) -> Option<Arc<str>> {
     )
 }
 
-/// Builds the AWS catalog from SpotLake's snapshot (`spot/spotlake-aws-2022-07-12/price_data.csv`:
-/// `SpotPrice,Savings,SPS,AZ,Region,InstanceType,IF,time`): the spot price per zone as recorded,
-/// the on-demand price derived from the recorded saving (`spot / (1 − saving)`), the placement
-/// score and the interruption bucket. Only the GPU types in [`AWS_GPU_TYPES`].
-pub fn build_aws(price_data_csv: &str, origin: &str) -> Result<Vec<CatalogRow>, CatalogError> {
-    let mut rows = Vec::new();
-    for (i, line) in price_data_csv.lines().enumerate().skip(1) {
+/// The AWS spot placement score and interruption bucket SpotLake recorded per (instance type,
+/// AZ id) (`spot/spotlake-aws-2022-07-12/price_data.csv`:
+/// `SpotPrice,Savings,SPS,AZ,Region,InstanceType,IF,time`).
+fn spotlake_signals(price_data_csv: &str) -> Signals {
+    let mut out = BTreeMap::new();
+    for line in price_data_csv.lines().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
-        if f.len() < 8 {
+        if f.len() >= 8 {
+            out.insert(
+                (f[5].to_owned(), f[3].to_owned()),
+                (f[2].parse().ok(), interruption_bucket(f[6])),
+            );
+        }
+    }
+    out
+}
+
+/// Builds the AWS catalog from SkyPilot's AWS catalog (`catalogs/v7/aws/vms.csv`: the
+/// on-demand and spot price, vCPUs, memory and GPUs of each instance type per AZ id), every
+/// row whose accelerator is a GPU model spotplane knows. Rows without an on-demand price are
+/// left out (there is no saving to measure without one; the Price List prices them live), and
+/// a type listed twice in one zone is one row, the first price of each kind kept. SpotLake's
+/// placement score and interruption bucket of 2022 are added where SpotLake recorded the type
+/// in that zone (`spotlake`), since neither SkyPilot nor EC2 publishes them in bulk.
+/// `sources` are `(text, origin)` of SkyPilot files, read in order (the first listing of a type
+/// in a zone wins).
+pub fn build_aws(
+    sources: &[(&str, &str)],
+    spotlake: Option<&str>,
+) -> Result<Vec<CatalogRow>, CatalogError> {
+    let signals = spotlake.map(spotlake_signals).unwrap_or_default();
+    let mut rows: BTreeMap<(String, String), CatalogRow> = BTreeMap::new();
+    for (text, origin) in sources {
+        add_aws(&mut rows, &SkyPilot::read(text, origin)?, &signals)?;
+    }
+    Ok(rows.into_values().collect())
+}
+
+type Signals = BTreeMap<(String, String), (Option<f64>, Option<Arc<str>>)>;
+
+fn add_aws(
+    rows: &mut BTreeMap<(String, String), CatalogRow>,
+    sky: &SkyPilot,
+    signals: &Signals,
+) -> Result<(), CatalogError> {
+    let [ty, acc, count, vcpus, mem, info, price, spot, region, zone] = [
+        "InstanceType",
+        "AcceleratorName",
+        "AcceleratorCount",
+        "vCPUs",
+        "MemoryGiB",
+        "GpuInfo",
+        "Price",
+        "SpotPrice",
+        "Region",
+        "AvailabilityZone",
+    ]
+    .map(|c| sky.column(c));
+    let (ty, acc, count, vcpus, mem, info, price, spot, region, zone) = (
+        ty?, acc?, count?, vcpus?, mem?, info?, price?, spot?, region?, zone?,
+    );
+    for (line, r) in &sky.records {
+        let Some(model) = skypilot_model(&r[acc], &r[info]) else {
+            continue;
+        };
+        let gpus = whole(&r[count]).filter(|n| *n > 0);
+        let Some(gpus) = gpus else { continue };
+        let usd = |v: &str, what: &str| -> Result<Option<Micros>, CatalogError> {
+            if v.trim().is_empty() {
+                return Ok(None);
+            }
+            Micros::parse_usd(v.trim())
+                .map(Some)
+                .map_err(|e| sky.err(*line, format!("{what}: {e}")))
+        };
+        let (on_demand, spot_price) = (usd(&r[price], "Price")?, usd(&r[spot], "SpotPrice")?);
+        let key = (r[ty].to_owned(), r[zone].to_owned());
+        if let Some(have) = rows.get_mut(&key) {
+            have.spot_price = have.spot_price.or(spot_price);
             continue;
         }
-        let Some(&(itype, vcpus, mem, model, count)) = AWS_GPU_TYPES.iter().find(|t| t.0 == f[5])
+        let Some(on_demand) = on_demand else { continue };
+        let (score, bucket) = signals.get(&key).cloned().unwrap_or((None, None));
+        rows.insert(
+            key,
+            CatalogRow {
+                instance_type: r[ty].into(),
+                vcpus: whole(&r[vcpus])
+                    .ok_or_else(|| sky.err(*line, format!("vCPUs {:?}", &r[vcpus])))?,
+                memory_gib: r[mem]
+                    .parse()
+                    .map_err(|_| sky.err(*line, format!("MemoryGiB {:?}", &r[mem])))?,
+                gpu_model: Some(model),
+                gpu_count: gpus,
+                region: r[region].into(),
+                zone: r[zone].into(),
+                price: on_demand,
+                spot_price,
+                placement_score: score,
+                interruption_bucket: bucket,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// The GPUs of a GCP accelerator-optimized or G2 machine type, as SkyPilot names them (Google
+/// Cloud documentation, "GPU machine types"): the count is the `-Ng` suffix, G2 sizes have a
+/// fixed number of L4s.
+fn gcp_machine_gpus(machine: &str) -> Option<(&'static str, u32)> {
+    let suffix_count = || {
+        machine
+            .rsplit('-')
+            .next()?
+            .strip_suffix('g')?
+            .parse::<u32>()
+            .ok()
+    };
+    Some(match machine {
+        m if m.starts_with("a2-highgpu-") || m.starts_with("a2-megagpu-") => {
+            ("A100", suffix_count()?)
+        }
+        m if m.starts_with("a2-ultragpu-") => ("A100-80GB", suffix_count()?),
+        m if m.starts_with("a3-highgpu-") || m == "a3-edgegpu-8g" => ("H100", suffix_count()?),
+        "a3-megagpu-8g" => ("H100-MEGA", 8),
+        "a3-ultragpu-8g" => ("H200", 8),
+        "a4-highgpu-8g" => ("B200", 8),
+        "g2-standard-4" | "g2-standard-8" | "g2-standard-12" | "g2-standard-16"
+        | "g2-standard-32" => ("L4", 1),
+        "g2-standard-24" => ("L4", 2),
+        "g2-standard-48" => ("L4", 4),
+        "g2-standard-96" => ("L4", 8),
+        _ => return None,
+    })
+}
+
+/// Builds GCP rows of `machines` from SkyPilot's GCP catalog (`catalogs/v7/gcp/vms.csv`), which
+/// prices a GPU VM in two rows per zone: the machine type (vCPUs and memory) and its GPUs (a
+/// row with no instance type, the accelerator and its count). A row here is their sum, on
+/// demand and on spot; a zone missing either row is left out, and spot is left empty where
+/// either part has no spot price.
+///
+/// SkyPilot's GCP GPU rows mix two price levels for some accelerators (H100 Mega ×8 at $35.39
+/// in some regions and $82.75–107.58 in others, H200 ×8 at $36.60 or $74.49), the low ones
+/// far under Google's list price for those VMs (A3 Ultra: $84.81 in us-central1). A GPU row
+/// priced under half the highest on-demand price of the same accelerator and count in the file
+/// is taken as such a mis-read and its zone left out (docs/catalog.md).
+pub fn build_gcp_skypilot(
+    skypilot_csv: &str,
+    origin: &str,
+    machines: &[&str],
+) -> Result<Vec<CatalogRow>, CatalogError> {
+    let sky = SkyPilot::read(skypilot_csv, origin)?;
+    let [ty, vcpus, mem, acc, count, info, region, zone, price, spot] = [
+        "InstanceType",
+        "vCPUs",
+        "MemoryGiB",
+        "AcceleratorName",
+        "AcceleratorCount",
+        "GpuInfo",
+        "Region",
+        "AvailabilityZone",
+        "Price",
+        "SpotPrice",
+    ]
+    .map(|c| sky.column(c));
+    let (ty, vcpus, mem, acc, count, info, region, zone, price, spot) = (
+        ty?, vcpus?, mem?, acc?, count?, info?, region?, zone?, price?, spot?,
+    );
+    let usd = |line: u64, v: &str, what: &str| -> Result<Option<Micros>, CatalogError> {
+        if v.trim().is_empty() {
+            return Ok(None);
+        }
+        Micros::parse_usd(v.trim())
+            .map(Some)
+            .map_err(|e| sky.err(line, format!("{what}: {e}")))
+    };
+    // (zone, accelerator, count) -> (on-demand, spot, GPU info)
+    type GpuRows = BTreeMap<(String, String, u32), (Option<Micros>, Option<Micros>, String)>;
+    let mut gpus = GpuRows::new();
+    for (line, r) in &sky.records {
+        if r[ty].is_empty()
+            && let Some(n) = whole(&r[count])
+        {
+            gpus.insert(
+                (r[zone].to_owned(), r[acc].to_owned(), n),
+                (
+                    usd(*line, &r[price], "Price")?,
+                    usd(*line, &r[spot], "SpotPrice")?,
+                    r[info].to_owned(),
+                ),
+            );
+        }
+    }
+    let mut highest: BTreeMap<(&str, u32), Micros> = BTreeMap::new();
+    for ((_, name, n), (price, _, _)) in &gpus {
+        let top = highest.entry((name.as_str(), *n)).or_insert(Micros(0));
+        *top = (*top).max(price.unwrap_or(Micros(0)));
+    }
+    let misread = |name: &str, n: u32, price: Micros| {
+        highest
+            .get(&(name, n))
+            .is_some_and(|top| price.0.saturating_mul(2) < top.0)
+    };
+    let mut rows = Vec::new();
+    for (line, r) in &sky.records {
+        let machine = &r[ty];
+        if !machines.contains(&machine) {
+            continue;
+        }
+        let Some((name, n)) = gcp_machine_gpus(machine) else {
+            continue;
+        };
+        let Some((gpu_price, gpu_spot, gpu_info)) =
+            gpus.get(&(r[zone].to_owned(), name.to_owned(), n))
         else {
             continue;
         };
-        let err = |m: String| CatalogError::Parse {
-            path: origin.to_owned(),
-            line: i + 1,
-            message: m,
+        let (Some(host), Some(gpu)) = (usd(*line, &r[price], "Price")?, *gpu_price) else {
+            continue;
         };
-        let spot = Micros::parse_usd(f[0]).map_err(|e| err(format!("SpotPrice: {e}")))?;
-        let saving: f64 = f[1]
-            .parse()
-            .map_err(|_| err(format!("Savings {:?}", f[1])))?;
-        if !(0.0..100.0).contains(&saving) {
-            return Err(err(format!("Savings {saving} out of range")));
+        if misread(name, n, gpu) {
+            continue;
         }
-        let on_demand = Micros((spot.0 as f64 / (1.0 - saving / 100.0)).round() as i64);
+        let host_spot = usd(*line, &r[spot], "SpotPrice")?;
         rows.push(CatalogRow {
-            instance_type: itype.into(),
-            vcpus,
-            memory_gib: mem,
-            gpu_model: Some(model),
-            gpu_count: count,
-            region: f[4].into(),
-            // Kept as recorded: availability-zone *ids* (`use1-az1`) name the same physical
-            // zone in every account, unlike zone names, whose letters are shuffled per account.
-            zone: f[3].into(),
-            price: on_demand,
-            spot_price: Some(spot),
-            placement_score: f[2].parse().ok(),
-            interruption_bucket: interruption_bucket(f[6]),
+            instance_type: machine.into(),
+            vcpus: whole(&r[vcpus])
+                .ok_or_else(|| sky.err(*line, format!("vCPUs {:?}", &r[vcpus])))?,
+            memory_gib: r[mem]
+                .parse()
+                .map_err(|_| sky.err(*line, format!("MemoryGiB {:?}", &r[mem])))?,
+            gpu_model: skypilot_model(name, gpu_info),
+            gpu_count: n,
+            region: r[region].into(),
+            zone: r[zone].into(),
+            price: Micros(host.0 + gpu.0),
+            spot_price: host_spot.zip(*gpu_spot).map(|(h, g)| Micros(h.0 + g.0)),
+            placement_score: None,
+            interruption_bucket: None,
         });
     }
     Ok(rows)
@@ -403,30 +694,58 @@ fn round6(v: &str) -> f64 {
 pub const GCP_AS_OF: &str = "2026-07-30";
 
 /// Where the generators read from, relative to the shared data folder.
-pub const AWS_SOURCE: &str = "spot/spotlake-aws-2022-07-12/price_data.csv";
+pub const AWS_SIGNALS_SOURCE: &str = "spot/spotlake-aws-2022-07-12/price_data.csv";
 pub const GCP_HISTORY_SOURCE: &str = "spot/gcp-gpu-prices/gcp_gpu_vm_price_changes.csv";
 pub const GCP_ZONES_SOURCE: &str = "spot/gcp-gpu-prices/availability/machinetypezone.csv";
 
-/// Builds the generated catalogs (AWS and GCP) from the shared data folder.
-pub fn build_from_data(data_dir: &Path) -> Result<Vec<(Cloud, Vec<CatalogRow>)>, CatalogError> {
-    let read = |rel: &str| {
-        let path = data_dir.join(rel);
-        std::fs::read_to_string(&path)
-            .map(|t| (t, path.display().to_string()))
-            .map_err(|source| CatalogError::Io {
-                path: path.display().to_string(),
-                source,
-            })
-    };
-    let (aws, aws_origin) = read(AWS_SOURCE)?;
-    let (hist, hist_origin) = read(GCP_HISTORY_SOURCE)?;
-    let (zones, _) = read(GCP_ZONES_SOURCE)?;
+/// The SkyPilot catalog extracts kept in the repository (`data/catalog/skypilot/`, with their
+/// commits in `SOURCE.md` there), relative to the repository root.
+pub const SKYPILOT_DIR: &str = "data/catalog/skypilot";
+
+/// The GCP machine types taken from SkyPilot's catalog rather than the price history: the
+/// history has no A3 Ultra, and its A3 Mega rows stop in 2024-08 without the GPUs' price.
+pub const GCP_FROM_SKYPILOT: [&str; 3] = ["a3-megagpu-8g", "a3-ultragpu-8g", "a4-highgpu-8g"];
+
+fn read_file(path: &Path) -> Result<(String, String), CatalogError> {
+    std::fs::read_to_string(path)
+        .map(|t| (t, path.display().to_string()))
+        .map_err(|source| CatalogError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// Builds the generated catalogs (AWS and GCP): AWS from SkyPilot's extract in `skypilot_dir`
+/// with SpotLake's signals from `data_dir`; GCP from the price history in `data_dir` with the
+/// [`GCP_FROM_SKYPILOT`] machine types from SkyPilot's extract.
+pub fn build_from_data(
+    data_dir: &Path,
+    skypilot_dir: &Path,
+) -> Result<Vec<(Cloud, Vec<CatalogRow>)>, CatalogError> {
+    let sky_aws = [read_file(&skypilot_dir.join("aws.csv"))?];
+    let (sky_gcp, sky_gcp_origin) = read_file(&skypilot_dir.join("gcp.csv"))?;
+    let (signals, _) = read_file(&data_dir.join(AWS_SIGNALS_SOURCE))?;
+    let (hist, hist_origin) = read_file(&data_dir.join(GCP_HISTORY_SOURCE))?;
+    let (zones, _) = read_file(&data_dir.join(GCP_ZONES_SOURCE))?;
+    let mut gcp = build_gcp(&hist, &zones, GCP_AS_OF, &hist_origin)?;
+    gcp.retain(|r| !GCP_FROM_SKYPILOT.contains(&&*r.instance_type));
+    gcp.extend(build_gcp_skypilot(
+        &sky_gcp,
+        &sky_gcp_origin,
+        &GCP_FROM_SKYPILOT,
+    )?);
     Ok(vec![
-        (Cloud::Aws, build_aws(&aws, &aws_origin)?),
         (
-            Cloud::Gcp,
-            build_gcp(&hist, &zones, GCP_AS_OF, &hist_origin)?,
+            Cloud::Aws,
+            build_aws(
+                &sky_aws
+                    .iter()
+                    .map(|(t, o)| (t.as_str(), o.as_str()))
+                    .collect::<Vec<_>>(),
+                Some(&signals),
+            )?,
         ),
+        (Cloud::Gcp, gcp),
     ])
 }
 
@@ -462,15 +781,100 @@ mod tests {
     }
 
     #[test]
-    fn spotlake_rows_become_gpu_catalog_rows_with_derived_on_demand_prices() {
-        let data = "SpotPrice,Savings,SPS,AZ,Region,InstanceType,IF,time\n\
-                    0.918,70,3,use1-az2,us-east-1,p3.2xlarge,1.0,2022-07-12\n\
-                    1.0,50,1,use1-az2,us-east-1,r5.large,3.0,2022-07-12\n";
-        let rows = build_aws(data, "t").expect("builds");
-        assert_eq!(rows.len(), 1, "non-GPU types are left out");
-        assert_eq!(rows[0].price, Micros(3_060_000));
-        assert_eq!(&*rows[0].zone, "use1-az2", "zone ids are kept");
-        assert_eq!(rows[0].interruption_bucket.as_deref(), Some(">20%"));
+    fn a_quoted_field_with_commas_is_one_field() {
+        let text = format!(
+            "{HEADER}\n\"p5.48xlarge\",192,2048,H100-80GB,8,us-east-1,use1-az1,55.04,,,\"10-15%, rising\"\n"
+        );
+        let rows = parse(&text, "user.csv").expect("quoted fields parse");
+        assert_eq!(
+            rows[0].interruption_bucket.as_deref(),
+            Some("10-15%, rising")
+        );
+        assert_eq!(parse(&to_csv(&rows), "again").expect("round trip"), rows);
+        let short = format!("{HEADER}\np5.48xlarge,192\n");
+        let e = parse(&short, "user.csv").expect_err("short row");
+        assert_eq!(e.to_string(), "user.csv:2: expected 11 columns, found 2");
+    }
+
+    const SKY_AWS: &str = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone\n\
+        p5.48xlarge,H100,8.0,192.0,2048.0,\"{'Gpus': [{'Name': 'H100', 'Manufacturer': 'NVIDIA', 'Count': 8, 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 655360}\",55.04,22.1,us-east-1,use1-az1\n\
+        p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,\"{'Gpus': [{'Name': 'A100-80GB', 'MemoryInfo': {'SizeInMiB': 81920}}]}\",40.96575,,us-east-1,use1-az4\n\
+        p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,\"{'Gpus': [{'Name': 'A100', 'MemoryInfo': {'SizeInMiB': 81920}}]}\",40.96575,7.8074,us-east-1,use1-az4\n\
+        p5e.48xlarge,H200,8.0,192.0,2048.0,\"{'Gpus': [{'Name': 'H200', 'MemoryInfo': {'SizeInMiB': 144384}}]}\",,14.925,ap-southeast-3,apse3-az1\n\
+        g6e.xlarge,L40S,1.0,4.0,32.0,\"{'Gpus': [{'Name': 'L40S', 'MemoryInfo': {'SizeInMiB': 45776}}]}\",1.861,0.5,us-east-1,use1-az1\n\
+        m7i.large,,,2.0,8.0,,0.1008,0.04,us-east-1,use1-az1\n\
+        inf2.xlarge,Inferentia2,1.0,4.0,16.0,,0.7582,0.2,us-east-1,use1-az1\n";
+
+    #[test]
+    fn skypilot_aws_rows_become_gpu_catalog_rows() {
+        let spotlake = "SpotPrice,Savings,SPS,AZ,Region,InstanceType,IF,time\n\
+                        9.0,70,3,use1-az1,us-east-1,p5.48xlarge,2.5,2022-07-12\n";
+        let rows = build_aws(&[(SKY_AWS, "sky.csv")], Some(spotlake)).expect("builds");
+        let names: Vec<(&str, &str)> = rows.iter().map(|r| (&*r.instance_type, &*r.zone)).collect();
+        // CPU and Inferentia rows left out; p5e has no on-demand price; p4de's two listings
+        // in one zone are one row.
+        assert_eq!(
+            names,
+            [
+                ("g6e.xlarge", "use1-az1"),
+                ("p4de.24xlarge", "use1-az4"),
+                ("p5.48xlarge", "use1-az1")
+            ]
+        );
+        let p5 = &rows[2];
+        assert_eq!(
+            (p5.gpu_model, p5.gpu_count, p5.vcpus, p5.memory_gib),
+            (Some(GpuModel::H100_80GB), 8, 192, 2048.0)
+        );
+        assert_eq!(
+            (p5.price, p5.spot_price),
+            (Micros(55_040_000), Some(Micros(22_100_000)))
+        );
+        assert_eq!(
+            (p5.placement_score, p5.interruption_bucket.as_deref()),
+            (Some(3.0), Some("5-10%")),
+            "SpotLake's signals where it recorded the pool"
+        );
+        let p4de = &rows[1];
+        assert_eq!(p4de.gpu_model, Some(GpuModel::A100_80GB), "by its memory");
+        assert_eq!(
+            p4de.spot_price,
+            Some(Micros(7_807_400)),
+            "the spot price of the other listing"
+        );
+        assert_eq!(rows[0].gpu_model, Some(GpuModel::L40S));
+        assert_eq!(rows[0].interruption_bucket, None);
+    }
+
+    #[test]
+    fn skypilot_gcp_rows_are_the_machine_and_its_gpus_together() {
+        let sky = "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,AvailabilityZone,Price,SpotPrice\n\
+            a3-ultragpu-8g,224.0,2952.0,,,,us-central1,us-central1-b,20.5,5.1\n\
+            ,,,H200,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 144384}}]},us-central1,us-central1-b,74.49,20.0\n\
+            a3-ultragpu-8g,224.0,2952.0,,,,europe-west1,europe-west1-b,22.0,5.5\n\
+            a3-megagpu-8g,208.0,1872.0,,,,us-east4,us-east4-a,11.0,2.0\n\
+            a3-megagpu-8g,208.0,1872.0,,,,us-east5,us-east5-a,11.0,2.0\n\
+            ,,,H100-MEGA,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 81920}}]},us-east5,us-east5-a,35.39,10.0\n\
+            ,,,H100-MEGA,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 81920}}]},us-east4,us-east4-a,80.0,\n\
+            g2-standard-4,4.0,16.0,,,,us-east4,us-east4-a,0.2,0.08\n";
+        let rows = build_gcp_skypilot(sky, "sky.csv", &GCP_FROM_SKYPILOT).expect("builds");
+        assert_eq!(
+            rows.len(),
+            2,
+            "a zone without its GPU row is left out, and one whose GPUs are priced under half \
+             the others; g2 not asked for"
+        );
+        let ultra = &rows[0];
+        assert_eq!(
+            (&*ultra.instance_type, ultra.gpu_model, ultra.gpu_count),
+            ("a3-ultragpu-8g", Some(GpuModel::H200_141GB), 8)
+        );
+        assert_eq!(ultra.price, Micros(94_990_000));
+        assert_eq!(ultra.spot_price, Some(Micros(25_100_000)));
+        let mega = &rows[1];
+        assert_eq!(mega.gpu_model, Some(GpuModel::H100_80GB));
+        assert_eq!(mega.price, Micros(91_000_000));
+        assert_eq!(mega.spot_price, None, "the GPUs have no spot price there");
     }
 
     #[test]
@@ -493,7 +897,9 @@ mod tests {
     #[test]
     fn the_committed_catalogs_match_the_shared_data() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        for (cloud, rows) in build_from_data(&root.join("../shared/data")).expect("shared data") {
+        let built = build_from_data(&root.join("../shared/data"), &root.join(SKYPILOT_DIR))
+            .expect("shared data and the SkyPilot extracts");
+        for (cloud, rows) in built {
             let path = root.join("config/catalog").join(file_name(cloud));
             let committed = std::fs::read_to_string(&path).expect("committed catalog");
             assert!(

@@ -164,6 +164,25 @@ pub struct AwsConfig {
     /// How to buy: `create_fleet` (instant, price-capacity-optimized) or `run_instances`.
     #[serde(default)]
     pub launch_api: AwsLaunchApi,
+    /// Read on-demand prices from the AWS Price List Query API (`pricing:GetProducts`); the
+    /// catalog's are used where it has none, and for every type when this is off.
+    #[serde(default = "yes")]
+    pub price_list: bool,
+    /// The region whose Price List endpoint is asked: `us-east-1`, `eu-central-1` or
+    /// `ap-south-1` (each answers for every region).
+    #[serde(default = "default_price_list_region")]
+    pub price_list_region: String,
+    /// Another Price List endpoint; `endpoint_url` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_list_endpoint_url: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_price_list_region() -> String {
+    "us-east-1".into()
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,21 +16,29 @@ use crate::{
 
 /// Retries what can succeed later (throttling, transient errors) with exponential backoff and
 /// full jitter, honouring a throttled call's `retry_after`. Everything else fails at once.
+///
+/// Two bounds, whichever comes first: `attempts` calls in all, and `budget` of time from the
+/// call's start. A retry whose back-off would end past the budget is not made (and nothing
+/// sleeps past it): the caller gets the last error while it can still act on it, e.g. try
+/// another offer or terminate before a notice window closes. The budget does not cut an
+/// attempt short; each attempt is bounded by its client's own request timeout.
 pub struct Retrying<P> {
     inner: P,
     attempts: u32,
     base: Duration,
     max: Duration,
+    budget: Duration,
     seed: Mutex<u64>,
 }
 
 impl<P> Retrying<P> {
-    pub fn new(inner: P, attempts: u32, base: Duration, max: Duration) -> Self {
+    pub fn new(inner: P, attempts: u32, base: Duration, max: Duration, budget: Duration) -> Self {
         Retrying {
             inner,
             attempts: attempts.max(1),
             base,
             max,
+            budget,
             seed: Mutex::new(0x9e37_79b9_7f4a_7c15),
         }
     }
@@ -55,11 +63,16 @@ impl<P> Retrying<P> {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, ProviderError>>,
     {
+        let started = tokio::time::Instant::now();
         let mut n = 1;
         loop {
             match call().await {
                 Err(e) if e.is_retryable() && n < self.attempts => {
-                    tokio::time::sleep(self.backoff(n, &e)).await;
+                    let wait = self.backoff(n, &e);
+                    if started.elapsed().saturating_add(wait) > self.budget {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(wait).await;
                     n += 1;
                 }
                 other => return other,
@@ -266,11 +279,14 @@ mod tests {
 
     use super::*;
 
-    /// A recording fake: fails the first `failures` calls with `error`, then succeeds.
+    /// A recording fake: fails the first `failures` calls with `error`, then succeeds. Each
+    /// `list_offers` takes `took` and records when it started.
     struct Flaky {
         calls: AtomicU32,
         failures: u32,
         error: ProviderError,
+        took: Duration,
+        starts: Mutex<Vec<tokio::time::Instant>>,
     }
 
     #[async_trait]
@@ -279,6 +295,11 @@ mod tests {
             Cloud::Aws
         }
         async fn list_offers(&self) -> Result<Vec<Offer>, ProviderError> {
+            self.starts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(tokio::time::Instant::now());
+            tokio::time::sleep(self.took).await;
             let n = self.calls.fetch_add(1, Ordering::SeqCst);
             if n < self.failures {
                 Err(self.error.clone())
@@ -303,12 +324,90 @@ mod tests {
         }
     }
 
+    /// A budget the tests that count attempts never reach.
+    const NO_BUDGET: Duration = Duration::from_secs(3600);
+
     fn flaky(failures: u32, error: ProviderError) -> Flaky {
         Flaky {
             calls: AtomicU32::new(0),
             failures,
             error,
+            took: Duration::ZERO,
+            starts: Mutex::default(),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_keeps_failing_gives_up_within_its_budget() {
+        let budget = Duration::from_secs(20);
+        let p = Retrying::new(
+            Flaky {
+                took: Duration::from_secs(1),
+                ..flaky(u32::MAX, ProviderError::Transient("down".into()))
+            },
+            1_000,
+            Duration::from_millis(200),
+            Duration::from_secs(10),
+            budget,
+        );
+        let started = tokio::time::Instant::now();
+        assert!(matches!(
+            p.list_offers().await,
+            Err(ProviderError::Transient(_))
+        ));
+        let starts = p.inner.starts.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(starts.len() > 2, "it retried: {} attempts", starts.len());
+        // No attempt starts past the budget (no back-off sleeps past it), and the last one
+        // ends within one attempt's time of it.
+        let last = starts.last().copied().unwrap_or(started);
+        assert!(last - started <= budget, "{:?}", last - started);
+        assert!(
+            started.elapsed() <= budget + p.inner.took,
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttle_longer_than_the_budget_fails_at_once_with_the_throttle() {
+        let p = Retrying::new(
+            flaky(
+                1,
+                ProviderError::Throttled {
+                    retry_after: Duration::from_secs(30),
+                },
+            ),
+            4,
+            Duration::from_millis(200),
+            Duration::from_secs(10),
+            Duration::from_secs(20),
+        );
+        let started = tokio::time::Instant::now();
+        assert!(matches!(
+            p.list_offers().await,
+            Err(ProviderError::Throttled { .. })
+        ));
+        assert_eq!(p.inner.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "no sleep it could not use"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_succeeds_on_its_second_attempt_succeeds_within_the_budget() {
+        let p = Retrying::new(
+            flaky(1, ProviderError::Transient("reset".into())),
+            4,
+            Duration::from_millis(200),
+            Duration::from_secs(10),
+            Duration::from_secs(20),
+        );
+        let started = tokio::time::Instant::now();
+        assert!(p.list_offers().await.is_ok());
+        assert_eq!(p.inner.calls.load(Ordering::SeqCst), 2);
+        assert!(started.elapsed() <= Duration::from_millis(400));
     }
 
     #[tokio::test(start_paused = true)]
@@ -318,6 +417,7 @@ mod tests {
             4,
             Duration::from_millis(100),
             Duration::from_secs(5),
+            NO_BUDGET,
         );
         let started = tokio::time::Instant::now();
         assert!(p.list_offers().await.is_ok());
@@ -341,6 +441,7 @@ mod tests {
             3,
             Duration::from_millis(10),
             Duration::from_secs(1),
+            NO_BUDGET,
         );
         let started = tokio::time::Instant::now();
         assert!(p.list_offers().await.is_ok());
@@ -354,6 +455,7 @@ mod tests {
             4,
             Duration::from_millis(10),
             Duration::from_secs(1),
+            NO_BUDGET,
         );
         assert!(matches!(
             p.list_offers().await,
@@ -365,6 +467,7 @@ mod tests {
             3,
             Duration::from_millis(10),
             Duration::from_secs(1),
+            NO_BUDGET,
         );
         assert!(p.list_offers().await.is_err());
         assert_eq!(p.inner.calls.load(Ordering::SeqCst), 3);

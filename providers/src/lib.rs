@@ -60,6 +60,34 @@ pub struct Offer {
     pub placement_score: Option<f64>,
     /// Interruption-frequency bucket (`<5%`, `5-10%`, ...), where the cloud publishes one.
     pub interruption_bucket: Option<Arc<str>>,
+    /// Where `price` came from.
+    #[serde(default)]
+    pub price_source: PriceSource,
+    /// Where `on_demand_price` came from.
+    #[serde(default)]
+    pub on_demand_source: PriceSource,
+}
+
+/// Where a price of an [`Offer`] came from, so a user can tell a quote from a fallback.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PriceSource {
+    /// The cloud's price API, read for this offer (EC2 spot price history, the AWS Price
+    /// List, the Cloud Billing Catalog, Azure Retail Prices); a simulated cloud's own market.
+    Live,
+    /// The built-in catalog (or `catalog.dir`): the price API could not be read, or had no
+    /// price for this instance type in this region.
+    #[default]
+    Catalog,
+}
+
+impl PriceSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PriceSource::Live => "live",
+            PriceSource::Catalog => "catalog",
+        }
+    }
 }
 
 impl Offer {
@@ -259,6 +287,8 @@ mod tests {
             on_demand_price: Micros::parse_usd("32.7726").expect("price"),
             placement_score: Some(2.0),
             interruption_bucket: Some("<5%".into()),
+            price_source: PriceSource::Catalog,
+            on_demand_source: PriceSource::Catalog,
         };
         assert_eq!(o.id(), "aws/us-east-1/use1-az1/p4d.24xlarge/spot");
     }

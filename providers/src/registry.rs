@@ -17,16 +17,22 @@ use crate::decorators::{RateLimited, Retrying};
 pub use crate::sim::SimMarket;
 use crate::sim::{SimCloud, SimTraces, traces::TraceError};
 
-/// Real cloud APIs: attempts per call, first and longest backoff, calls per second and burst.
+/// Real cloud APIs: attempts per call, first and longest backoff, the time budget of a call's
+/// retries, calls per second and burst.
 /// EC2's request-rate limits are per account and API action (mutating actions get ~5/s refill);
 /// these keep one control plane well inside them.
 /// The SDKs' own retries are off, so these attempts are all the requests one call makes.
+/// No retry starts later than `RETRY_BUDGET` after the call did (a throttle asking for longer
+/// ends the call at once): a cycle acting inside a notice window hears the error in time to do
+/// something else.
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 pub const RETRY_ATTEMPTS: u32 = 4;
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 const RETRY_BASE: Duration = Duration::from_millis(200);
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 const RETRY_MAX: Duration = Duration::from_secs(10);
+#[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
+pub const RETRY_BUDGET: Duration = Duration::from_secs(20);
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 const CALLS_PER_SECOND: f64 = 5.0;
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
@@ -142,6 +148,7 @@ fn decorated<P: CloudProvider + 'static>(p: P, ctx: &BuildContext) -> Arc<dyn Cl
             RETRY_ATTEMPTS,
             RETRY_BASE,
             RETRY_MAX,
+            RETRY_BUDGET,
         ),
         ctx,
     )

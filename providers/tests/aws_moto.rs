@@ -21,10 +21,15 @@ use spotplane_providers::clock::SystemClock;
 use spotplane_providers::config::{AwsConfig, AwsLaunchApi, ProviderConfig};
 use spotplane_providers::registry::{self, BuildContext, RETRY_ATTEMPTS, catalog_of};
 use spotplane_providers::{
-    CloudProvider, InstanceState, InterruptionKind, Offer, ProvisionRequest, tags,
+    CloudProvider, InstanceState, InterruptionKind, Offer, PriceSource, ProvisionRequest, tags,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+#[path = "fakes/aws_price_list.rs"]
+mod aws_price_list;
+
+use aws_price_list::{PriceList, product};
 
 const REGION: &str = "us-east-1";
 
@@ -54,6 +59,10 @@ fn config(url: &str, api: AwsLaunchApi, queue: Option<String>) -> AwsConfig {
         security_group_ids: vec![],
         instance_profile: None,
         launch_api: api,
+        // moto has no Price List: the offers fall back to the catalog's on-demand prices.
+        price_list: true,
+        price_list_region: "us-east-1".into(),
+        price_list_endpoint_url: None,
     }
 }
 
@@ -76,6 +85,113 @@ fn request(offer: &Offer, cluster: &str) -> ProvisionRequest {
             (tags::TEAM.to_owned(), "vision".to_owned()),
         ]),
         user_data: Some("#!/bin/sh\necho spotplane-agent\n".into()),
+    }
+}
+
+/// The embedded catalog's on-demand price of `instance_type` in [`REGION`].
+fn catalog_price(instance_type: &str) -> Micros {
+    catalog_of(Cloud::Aws, None)
+        .expect("embedded catalog")
+        .into_iter()
+        .find(|r| &*r.instance_type == instance_type && &*r.region == REGION)
+        .map(|r| r.price)
+        .unwrap_or_else(|| panic!("{instance_type} is not in the catalog in {REGION}"))
+}
+
+#[tokio::test]
+async fn on_demand_prices_come_from_the_price_list_and_from_the_catalog_where_it_has_none() {
+    let Some(url) = moto() else { return };
+    let products = vec![
+        product("p5.48xlarge", REGION, "Linux", "Used", "55.0400000000"),
+        // What the filters must leave out: another OS, a reservation's unused capacity,
+        // another region.
+        product("p5.48xlarge", REGION, "Windows", "Used", "60.0000000000"),
+        product(
+            "p5.48xlarge",
+            REGION,
+            "Linux",
+            "UnusedCapacityReservation",
+            "1.0000000000",
+        ),
+        product("p5.48xlarge", "us-west-2", "Linux", "Used", "70.0000000000"),
+        product("g6e.xlarge", REGION, "Linux", "Used", "1.8610000000"),
+        product("p4d.24xlarge", REGION, "Linux", "Used", "21.9576500000"),
+    ];
+    // One product a page: the reader must follow NextToken to the end.
+    let fake = PriceList::start(products, 1).await;
+    let cfg = AwsConfig {
+        instance_types: ["p5.48xlarge", "g6e.xlarge", "p4d.24xlarge", "p5en.48xlarge"]
+            .map(String::from)
+            .to_vec(),
+        price_list_endpoint_url: Some(fake.server.uri()),
+        ..config(&url, AwsLaunchApi::CreateFleet, None)
+    };
+    let p = provider(&cfg).await;
+    let offers = p.list_offers().await.expect("offers");
+    let of =
+        |t: &str| -> Vec<&Offer> { offers.iter().filter(|o| &*o.instance_type == t).collect() };
+    for (t, usd) in [
+        ("p5.48xlarge", "55.04"),
+        ("g6e.xlarge", "1.861"),
+        ("p4d.24xlarge", "21.957650"),
+    ] {
+        let all = of(t);
+        assert!(!all.is_empty(), "{t} offered");
+        for o in all {
+            assert_eq!(
+                o.on_demand_price,
+                Micros::parse_usd(usd).expect("usd"),
+                "{t}"
+            );
+            assert_eq!(o.on_demand_source, PriceSource::Live, "{t}");
+        }
+    }
+    assert_eq!(
+        fake.pages(),
+        3,
+        "one page per matching product, every page read"
+    );
+    // p5en is not in the Price List: the catalog's price, and the offer says where it is from.
+    let p5en = of("p5en.48xlarge");
+    assert!(!p5en.is_empty(), "p5en offered from the catalog");
+    for o in p5en {
+        assert_eq!(o.on_demand_price, catalog_price("p5en.48xlarge"));
+        assert_eq!(o.on_demand_source, PriceSource::Catalog);
+    }
+    // Cached: a second listing within the offer cache reads no page.
+    p.list_offers().await.expect("offers");
+    assert_eq!(fake.pages(), 3);
+}
+
+#[tokio::test]
+async fn a_price_list_that_fails_leaves_the_catalog_prices() {
+    let Some(url) = moto() else { return };
+    let fake = PriceList::start(Vec::new(), 100).await;
+    // A server that answers every call with the service's error shape.
+    fake.server.reset().await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .respond_with(
+            wiremock::ResponseTemplate::new(400)
+                .insert_header("content-type", "application/x-amz-json-1.1")
+                .set_body_string(
+                    r#"{"__type":"AccessDeniedException","Message":"not authorized to perform: pricing:GetProducts"}"#,
+                ),
+        )
+        .mount(&fake.server)
+        .await;
+    let cfg = AwsConfig {
+        price_list_endpoint_url: Some(fake.server.uri()),
+        ..config(&url, AwsLaunchApi::CreateFleet, None)
+    };
+    let offers = provider(&cfg).await.list_offers().await.expect("offers");
+    let p4d: Vec<&Offer> = offers
+        .iter()
+        .filter(|o| &*o.instance_type == "p4d.24xlarge")
+        .collect();
+    assert!(!p4d.is_empty());
+    for o in p4d {
+        assert_eq!(o.on_demand_price, catalog_price("p4d.24xlarge"));
+        assert_eq!(o.on_demand_source, PriceSource::Catalog);
     }
 }
 
@@ -106,10 +222,9 @@ async fn offers_carry_live_spot_prices_and_the_catalog_on_demand_prices() {
         .iter()
         .find(|o| &*o.instance_type == "p4d.24xlarge" && &*o.zone == "use1-az2")
         .expect("p4d in use1-az2");
-    assert_eq!(
-        p4d.on_demand_price,
-        Micros::parse_usd("32.772667").expect("price")
-    );
+    // moto has no Price List: the on-demand price is the catalog's, and the offer says so.
+    assert_eq!(p4d.on_demand_price, catalog_price("p4d.24xlarge"));
+    assert_eq!(p4d.on_demand_source, PriceSource::Catalog);
     assert_eq!(p4d.gpu_count, 8);
     assert_eq!(p4d.vcpus, 96);
     assert!(

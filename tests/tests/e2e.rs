@@ -378,3 +378,103 @@ fn demo_runs_from_a_bare_folder_on_the_shipped_market() {
     let in_home: Vec<_> = std::fs::read_dir(&home).expect("home").collect();
     assert!(in_home.is_empty(), "the demo wrote to HOME: {in_home:?}");
 }
+
+/// Runs the binary copied into a bare folder (no `../shared`, empty HOME, no SPOTPLANE_*
+/// settings but `env`), as a user's clone would.
+fn bare_run(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let work = tmp.path().join("clone");
+    std::fs::create_dir_all(&work).expect("work folder");
+    let exe = work.join("spotplane");
+    std::fs::copy(bin("spotplane"), &exe).expect("copy the binary");
+    let mut cmd = Command::new(&exe);
+    cmd.current_dir(&work)
+        .env_clear()
+        .env("HOME", tmp.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("SPOTPLANE_LOG__LEVEL", "warn")
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the copied binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+// Issue 28: today's GPUs on all three clouds in the embedded default.
+#[test]
+fn offers_list_h100s_on_all_three_clouds_in_the_embedded_default() {
+    let (ok, stdout, stderr) = bare_run(
+        &["offers", "--gpu", "H100-80GB", "--limit", "0", "--json"],
+        &[],
+    );
+    assert!(ok, "offers failed:\n{stdout}\n{stderr}");
+    let offers: Vec<Value> = serde_json::from_str(&stdout).expect("a JSON list of offers");
+    for cloud in ["aws", "gcp", "azure"] {
+        let types: Vec<&str> = offers
+            .iter()
+            .filter(|o| o["cloud"] == cloud)
+            .filter_map(|o| o["instance_type"].as_str())
+            .collect();
+        assert!(!types.is_empty(), "no H100 offer on {cloud}: {stdout}");
+        assert!(
+            offers
+                .iter()
+                .filter(|o| o["cloud"] == cloud)
+                .all(|o| o["gpu_model"] == "H100-80GB"),
+            "{cloud}: only H100s"
+        );
+    }
+    let has = |t: &str| offers.iter().any(|o| o["instance_type"] == t);
+    assert!(has("p5.48xlarge"), "AWS P5: {stdout}");
+    assert!(has("a3-highgpu-8g"), "GCP A3: {stdout}");
+    assert!(
+        has("Standard_ND96isr_H100_v5"),
+        "Azure ND H100 v5: {stdout}"
+    );
+    // And the rest of today's families are in the catalog.
+    for (gpu, t) in [
+        ("H200-141GB", "p5en.48xlarge"),
+        ("B200-180GB", "p6-b200.48xlarge"),
+        ("L40S", "g6e.xlarge"),
+        ("L4", "g6.xlarge"),
+        ("H200-141GB", "a3-ultragpu-8g"),
+        ("H200-141GB", "Standard_ND96isr_H200_v5"),
+    ] {
+        let (ok, stdout, stderr) = bare_run(&["offers", "--gpu", gpu, "--limit", "0"], &[]);
+        assert!(ok, "{stderr}");
+        assert!(
+            stdout.contains(t),
+            "{t} not offered for --gpu {gpu}:\n{stdout}"
+        );
+    }
+}
+
+// Issue 28: `spotplane config` prints no password, token or key.
+#[test]
+fn config_prints_no_secret() {
+    let key = "c3BvdHBsYW5lLXRlc3Qta2V5LTMyLWJ5dGVzLWxvbmc=";
+    let (ok, stdout, stderr) = bare_run(
+        &["config"],
+        &[
+            (
+                "DATABASE_URL",
+                "postgres://spot:hunter2@db.internal:5432/spot",
+            ),
+            ("SPOTPLANE_SECRETS__KEY", key),
+        ],
+    );
+    assert!(ok, "config failed:\n{stdout}\n{stderr}");
+    assert!(
+        !stdout.contains("hunter2") && !stdout.contains(key),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("postgres://spot:redacted@db.internal:5432/spot"),
+        "{stdout}"
+    );
+}

@@ -21,8 +21,31 @@
 //! returns. A crash of the node at any point leaves the checkpoint whole or absent.
 //!
 //! Large files go in multipart uploads whose parts are uploaded concurrently; several files go
-//! at once. The object store's client retries failed requests (5xx, resets) with backoff; a
-//! file whose upload still fails is started over, a few times, before the checkpoint fails.
+//! at once.
+//!
+//! # Retries inside a notice window
+//!
+//! A checkpoint taken for a notice has 30 to 120 seconds, less the agent's margin, and must end
+//! inside them, durable or reported failed. Three bounds, one per level, none unbounded:
+//!
+//! 1. **A request**: object_store's client retries a failed request (5xx, 429, resets, a
+//!    request that made no progress) a few times within seconds ([`store_retry`]), and gives
+//!    up on a request that makes no progress for [`READ_TIMEOUT`] ([`store_client`]). Its own
+//!    default (10 retries within 3 minutes, 30 s a request) would spend a whole window on one
+//!    part.
+//! 2. **A file**: a file whose request still failed is started over, up to
+//!    [`UploadConfig::file_attempts`] times in all, but no pause before it ends past the
+//!    deadline: then the upload fails with the file's error at once.
+//! 3. **The checkpoint**: the whole upload, every store call in it, runs under the deadline
+//!    (`tokio::time::timeout_at`); when it passes, every request still in flight is dropped
+//!    and the upload fails with [`CheckpointError::Deadline`]. The manifest is never written.
+//!
+//! object_store's settings are fixed when a store is built, and a store serves a job for its
+//! whole life (restores, log archives, periodic checkpoints and the one for a notice), so the
+//! window is enforced by the deadline around the calls, not by building a store per deadline
+//! with its retry time set from what is left: that would need a new HTTP client, with new
+//! connections and credentials, at the moment there is least time for them, and still could
+//! not stop a request stalled mid-flight.
 //!
 //! # Where it is
 //!
@@ -42,13 +65,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use object_store::ObjectStore;
-use object_store::aws::AmazonS3Builder;
-use object_store::azure::MicrosoftAzureBuilder;
-use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 use spotplane_core::agent::CheckpointManifest;
 use spotplane_core::{CheckpointId, JobId};
 use tokio::io::AsyncWriteExt;
@@ -110,7 +133,8 @@ pub struct UploadConfig {
     pub part_concurrency: usize,
     /// Files uploaded at once.
     pub file_concurrency: usize,
-    /// Times a file's upload is started over after its requests' own retries gave up.
+    /// Attempts at a file's upload in all, the first included: a file is started over after
+    /// its requests' own retries gave up, unless the pause before would end past the deadline.
     pub file_attempts: u32,
     /// Bytes of file data held in memory at once, reading and uploading, over all files.
     pub memory_budget: usize,
@@ -166,6 +190,41 @@ pub struct CheckpointStore {
     base: String,
 }
 
+/// How object_store retries one request of the agent's: 3 more times at most, none starting
+/// 10 s after the first, 100 ms apart then doubling up to 1 s. A request that still fails is
+/// the file's to start over (see the module's "Retries inside a notice window").
+///
+/// The 10 s also counts from a download's first request, for the range requests that resume
+/// its body: a restore that loses its connection later starts the file over instead.
+pub fn store_retry() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            base: 2.0,
+        },
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(10),
+    }
+}
+
+/// A request with no progress for this long fails (and is retried): an upload that has no
+/// answer this long after it started, a download with no byte for this long.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTP client of the agent's object stores: connecting takes at most 5 s, and
+/// [`READ_TIMEOUT`] bounds a request that makes no progress. There is no limit on a whole
+/// request (object_store's default is 30 s): a multi-gigabyte file restores in one download
+/// that keeps making progress; a part upload (8 MiB by default) must be answered within
+/// [`READ_TIMEOUT`]. `--store-option read_timeout=30s` (or `timeout`, `connect_timeout`)
+/// overrides these, for a slow link or large parts.
+pub fn store_client() -> ClientOptions {
+    ClientOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_read_timeout(READ_TIMEOUT)
+        .with_timeout_disabled()
+}
+
 /// Opens an object store for a URL. `options` are object_store configuration keys
 /// (`aws_endpoint`, `aws_allow_http`, `google_base_url`, `azure_storage_use_emulator`, …);
 /// credentials come from the environment as each cloud's SDKs read them.
@@ -195,9 +254,22 @@ fn open_any(url: &str, options: &[(String, String)]) -> Result<Opened, Checkpoin
         parsed.scheme(),
         parsed.host_str().unwrap_or_default()
     );
+    // The agent's bounds replace object_store's defaults (and the client settings `from_env`
+    // read, which are put back on top, so `AWS_ALLOW_HTTP` and the like still work); the
+    // options given win over both.
     macro_rules! configure {
-        ($builder:expr) => {{
-            let mut b = $builder;
+        ($builder:expr, $key:ident, $env:literal) => {{
+            let mut b = $builder
+                .with_retry(store_retry())
+                .with_client_options(store_client());
+            for (k, v) in std::env::vars_os() {
+                if let (Some(k), Some(v)) = (k.to_str(), v.to_str())
+                    && k.starts_with($env)
+                    && let Ok(key @ $key::Client(_)) = k.to_ascii_lowercase().parse::<$key>()
+                {
+                    b = b.with_config(key, v);
+                }
+            }
             for (k, v) in options {
                 let key = k
                     .to_ascii_lowercase()
@@ -227,11 +299,21 @@ fn open_any(url: &str, options: &[(String, String)]) -> Result<Opened, Checkpoin
             ));
         }
         "memory" => Arc::new(InMemory::new()),
-        "s3" | "s3a" => configure!(AmazonS3Builder::from_env().with_url(url)),
-        "gs" => configure!(GoogleCloudStorageBuilder::from_env().with_url(url)),
-        "az" | "azure" | "abfs" | "abfss" => {
-            configure!(MicrosoftAzureBuilder::from_env().with_url(url))
-        }
+        "s3" | "s3a" => configure!(
+            AmazonS3Builder::from_env().with_url(url),
+            AmazonS3ConfigKey,
+            "AWS_"
+        ),
+        "gs" => configure!(
+            GoogleCloudStorageBuilder::from_env().with_url(url),
+            GoogleConfigKey,
+            "GOOGLE_"
+        ),
+        "az" | "azure" | "abfs" | "abfss" => configure!(
+            MicrosoftAzureBuilder::from_env().with_url(url),
+            AzureConfigKey,
+            "AZURE_"
+        ),
         other => {
             return Err(bad(format!(
                 "unsupported scheme {other:?}; expected s3, gs, az or file"

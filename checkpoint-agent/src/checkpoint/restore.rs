@@ -4,6 +4,7 @@
 //! it is verified.
 
 use std::path::Path as FsPath;
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
@@ -14,6 +15,19 @@ use spotplane_core::agent::{CheckpointManifest, ManifestFile};
 use tokio::io::AsyncWriteExt;
 
 use super::{CheckpointError, CheckpointStore, MANIFEST, io, safe_relative, under};
+
+/// Attempts at a file's download in all.
+const FILE_ATTEMPTS: u32 = 3;
+
+/// Whether a download that failed so may succeed if started over: the store or the disk
+/// failed, not the checkpoint (a file missing or not matching its manifest).
+fn may_pass(e: &CheckpointError) -> bool {
+    match e {
+        CheckpointError::Store(object_store::Error::NotFound { .. }) => false,
+        CheckpointError::Store(_) | CheckpointError::Io { .. } => true,
+        _ => false,
+    }
+}
 
 impl CheckpointStore {
     /// The ids of checkpoints of a replica that have a manifest, newest first.
@@ -83,11 +97,35 @@ impl CheckpointStore {
         futures::stream::iter(manifest.files.clone())
             .map(|f| {
                 let location = under(&prefix, &["files", &f.path]);
-                async move { self.restore_file(&f, &location, dest).await }
+                async move { self.restore_file_again(&f, &location, dest).await }
             })
             .buffer_unordered(concurrency.max(1))
             .try_collect::<()>()
             .await
+    }
+
+    /// A file, started over when its download fails after object_store's own retries (a
+    /// connection lost late in a long download, which object_store no longer resumes: see
+    /// [`super::store_retry`]), up to [`FILE_ATTEMPTS`] attempts in all. A file whose content
+    /// does not verify is not downloaded again: the checkpoint is damaged.
+    async fn restore_file_again(
+        &self,
+        f: &ManifestFile,
+        location: &Path,
+        dest: &FsPath,
+    ) -> Result<(), CheckpointError> {
+        let mut attempt = 1;
+        loop {
+            match self.restore_file(f, location, dest).await {
+                Err(e) if attempt < FILE_ATTEMPTS && may_pass(&e) => {
+                    tracing::warn!(file = %f.path, attempt, error = %e, "file download failed; starting it over");
+                    tokio::time::sleep(Duration::from_millis(200).saturating_mul(1 << attempt))
+                        .await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     async fn restore_file(

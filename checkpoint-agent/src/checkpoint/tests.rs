@@ -276,13 +276,41 @@ impl ObjectStore for InMemoryShared {
     }
 }
 
-/// A store whose writes fail now and then, like a flaky network after the client's own
-/// retries gave up: the first `fail_first` part uploads and puts fail.
+/// What a [`Flaky`] store does to a write.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// Fails it, like a network error after the client's own retries gave up.
+    Fail,
+    /// Never answers it: a future that never completes, like a connection that was accepted
+    /// and then went silent.
+    Stall,
+}
+
+/// A store whose writes go wrong: the first `fail_first` part uploads and puts (counted
+/// together) get `fault`; the rest go through. The first `fail_downloads` reads of a
+/// checkpoint's files fail.
 #[derive(Debug)]
 struct Flaky {
     inner: Arc<InMemory>,
     fail_first: usize,
+    fault: Fault,
     calls: Arc<AtomicUsize>,
+    fail_downloads: usize,
+    downloads: Arc<AtomicUsize>,
+}
+
+impl Flaky {
+    /// The fault for the next write, if it gets one.
+    fn next_fault(calls: &AtomicUsize, fail_first: usize, fault: Fault) -> Option<Fault> {
+        (calls.fetch_add(1, Ordering::SeqCst) < fail_first).then_some(fault)
+    }
+}
+
+async fn faulty<T>(fault: Fault) -> object_store::Result<T> {
+    match fault {
+        Fault::Fail => Err(injected()),
+        Fault::Stall => std::future::pending().await,
+    }
 }
 
 impl std::fmt::Display for Flaky {
@@ -302,14 +330,15 @@ fn injected() -> object_store::Error {
 struct FlakyUpload {
     inner: Box<dyn MultipartUpload>,
     fail_first: usize,
+    fault: Fault,
     calls: Arc<AtomicUsize>,
 }
 
 #[async_trait::async_trait]
 impl MultipartUpload for FlakyUpload {
     fn put_part(&mut self, data: PutPayload) -> UploadPart {
-        if self.calls.fetch_add(1, Ordering::SeqCst) < self.fail_first {
-            return Box::pin(async { Err(injected()) });
+        if let Some(fault) = Flaky::next_fault(&self.calls, self.fail_first, self.fault) {
+            return Box::pin(faulty(fault));
         }
         self.inner.put_part(data)
     }
@@ -329,8 +358,8 @@ impl ObjectStore for Flaky {
         p: PutPayload,
         o: PutOptions,
     ) -> object_store::Result<PutResult> {
-        if self.calls.fetch_add(1, Ordering::SeqCst) < self.fail_first {
-            return Err(injected());
+        if let Some(fault) = Flaky::next_fault(&self.calls, self.fail_first, self.fault) {
+            return faulty(fault).await;
         }
         self.inner.put_opts(l, p, o).await
     }
@@ -342,10 +371,16 @@ impl ObjectStore for Flaky {
         Ok(Box::new(FlakyUpload {
             inner: self.inner.put_multipart_opts(l, o).await?,
             fail_first: self.fail_first,
+            fault: self.fault,
             calls: self.calls.clone(),
         }))
     }
     async fn get_opts(&self, l: &Path, o: GetOptions) -> object_store::Result<GetResult> {
+        if l.as_ref().contains("/files/")
+            && self.downloads.fetch_add(1, Ordering::SeqCst) < self.fail_downloads
+        {
+            return Err(injected());
+        }
         self.inner.get_opts(l, o).await
     }
     fn delete_stream(
@@ -373,7 +408,10 @@ async fn failed_writes_are_retried_and_the_checkpoint_is_whole() {
         Arc::new(Flaky {
             inner: Arc::new(InMemory::new()),
             fail_first: 2,
+            fault: Fault::Fail,
             calls: calls.clone(),
+            fail_downloads: 0,
+            downloads: Arc::default(),
         }),
         Path::from("j"),
         "memory://",
@@ -400,13 +438,296 @@ async fn failed_writes_are_retried_and_the_checkpoint_is_whole() {
         Arc::new(Flaky {
             inner: Arc::new(InMemory::new()),
             fail_first: 1000,
+            fault: Fault::Fail,
             calls: Arc::new(AtomicUsize::new(0)),
+            fail_downloads: 0,
+            downloads: Arc::default(),
         }),
         Path::from("j"),
         "memory://",
     );
     assert!(store.upload(&dir, meta(0), cfg, None).await.is_err());
     assert!(store.checkpoints(0).await.expect("list").is_empty());
+}
+
+/// A notice window, and the agent's default margin before its end.
+const WINDOW: Duration = Duration::from_secs(30);
+const MARGIN: Duration = Duration::from_secs(3);
+
+/// A checkpoint store over a [`Flaky`] bucket, and one that reads the same bucket as it is.
+fn flaky_store(fail_first: usize, fault: Fault) -> (CheckpointStore, CheckpointStore) {
+    let inner = Arc::new(InMemory::new());
+    let flaky = Flaky {
+        inner: inner.clone(),
+        fail_first,
+        fault,
+        calls: Arc::default(),
+        fail_downloads: 0,
+        downloads: Arc::default(),
+    };
+    (
+        CheckpointStore::with_store(Arc::new(flaky), Path::from("j"), "memory://"),
+        CheckpointStore::with_store(inner, Path::from("j"), "memory://"),
+    )
+}
+
+/// Uploads `dir` in a window that opens now, with the agent's margin; the outcome and how
+/// long it took.
+async fn in_window(
+    store: &CheckpointStore,
+    dir: &FsPath,
+    m: CheckpointMeta,
+    cfg: UploadConfig,
+    window: Duration,
+) -> (Result<Uploaded, CheckpointError>, Duration) {
+    let opened = tokio::time::Instant::now();
+    let up = store
+        .upload(dir, m, cfg, Some(opened + window - MARGIN))
+        .await;
+    (up, opened.elapsed())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_never_answers_ends_the_checkpoint_before_the_window_closes() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = workload_dir(tmp.path(), 6, 4);
+    let (store, bucket) = flaky_store(usize::MAX, Fault::Stall);
+    let (up, took) = in_window(&store, &dir, meta(0), small_parts(), WINDOW).await;
+    assert!(
+        matches!(up, Err(CheckpointError::Deadline { .. })),
+        "{up:?}"
+    );
+    assert!(took < WINDOW, "reported {took:?} into a {WINDOW:?} window");
+    assert!(bucket.checkpoints(0).await.expect("list").is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_fails_then_recovers_gives_a_durable_checkpoint_inside_the_window() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = workload_dir(tmp.path(), 6, 5);
+    let (store, bucket) = flaky_store(3, Fault::Fail);
+    let m = meta(0);
+    let (up, took) = in_window(&store, &dir, m, small_parts(), WINDOW).await;
+    let up = up.expect("durable after the failures");
+    assert!(took < WINDOW, "{took:?}");
+    assert_eq!(
+        bucket.checkpoints(0).await.expect("list"),
+        [m.checkpoint_id]
+    );
+    let dest = tmp.path().join("restored");
+    bucket
+        .restore(&up.manifest, &dest, 2)
+        .await
+        .expect("verified");
+    same_tree(&dir, &dest);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_keeps_failing_reports_its_error_before_the_window_closes() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = small_dir(tmp.path());
+    let (store, bucket) = flaky_store(usize::MAX, Fault::Fail);
+    // More attempts than the window holds: the pauses between them (0.4 s, doubling up to
+    // 5 s) would run past the deadline, so the file stops being started over before it.
+    let cfg = UploadConfig {
+        file_attempts: 100,
+        ..small_parts()
+    };
+    let (up, took) = in_window(&store, &dir, meta(0), cfg, WINDOW).await;
+    assert!(
+        matches!(up, Err(CheckpointError::Store(_))),
+        "the store's own error, not a missed deadline: {up:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(20) && took < WINDOW - MARGIN,
+        "it kept trying while there was time, and stopped in time: {took:?}"
+    );
+    assert!(bucket.checkpoints(0).await.expect("list").is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_download_that_fails_is_started_over_rather_than_an_older_checkpoint_restored() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let inner = Arc::new(InMemory::new());
+    let plain = CheckpointStore::with_store(inner.clone(), Path::from("j"), "memory://");
+    plain
+        .upload(&small_dir(tmp.path()), meta(0), small_parts(), None)
+        .await
+        .expect("older");
+    let newer = workload_dir(tmp.path(), 1, 8);
+    let latest = plain
+        .upload(&newer, meta(0), small_parts(), None)
+        .await
+        .expect("newer");
+    let flaky = CheckpointStore::with_store(
+        Arc::new(Flaky {
+            inner,
+            fail_first: 0,
+            fault: Fault::Fail,
+            calls: Arc::default(),
+            fail_downloads: 2,
+            downloads: Arc::default(),
+        }),
+        Path::from("j"),
+        "memory://",
+    );
+    let dest = tmp.path().join("restored");
+    let got = flaky
+        .restore_latest(0, &dest, 1)
+        .await
+        .expect("restored")
+        .expect("a checkpoint");
+    assert_eq!(got.checkpoint_id, latest.manifest.checkpoint_id);
+    same_tree(&newer, &dest);
+}
+
+/// A stand-in for S3 over real HTTP.
+struct StubS3 {
+    url: String,
+    /// PUTs received, answered or not.
+    puts: Arc<AtomicUsize>,
+    /// The paths of the PUTs answered 200.
+    written: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// Reads every PUT; the first `first` get `fault` (503 Service Unavailable, or no answer ever),
+/// the rest 200 with an ETag.
+async fn stub_s3(first: usize, fault: Fault) -> StubS3 {
+    let puts = Arc::new(AtomicUsize::new(0));
+    let written: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let (seen, done) = (puts.clone(), written.clone());
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let (seen, done) = (seen.clone(), done.clone());
+        async move {
+            use axum::http::{StatusCode, header::ETAG};
+            let put = req.method() == axum::http::Method::PUT;
+            let path = req.uri().path().to_owned();
+            let _ = axum::body::to_bytes(req.into_body(), usize::MAX).await;
+            if put && seen.fetch_add(1, Ordering::SeqCst) < first {
+                match fault {
+                    Fault::Fail => return (StatusCode::SERVICE_UNAVAILABLE, [(ETAG, "\"0\"")]),
+                    Fault::Stall => std::future::pending::<()>().await,
+                }
+            }
+            done.lock().unwrap_or_else(|p| p.into_inner()).push(path);
+            (StatusCode::OK, [(ETAG, "\"0\"")])
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    StubS3 {
+        url: format!("http://{addr}"),
+        puts,
+        written,
+    }
+}
+
+fn stub_s3_options(endpoint: &str) -> Vec<(String, String)> {
+    [
+        ("aws_endpoint", endpoint),
+        ("aws_allow_http", "true"),
+        ("aws_region", "us-east-1"),
+        ("aws_access_key_id", "testing"),
+        ("aws_secret_access_key", "testing"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .to_vec()
+}
+
+/// Two small files: one put each, no multipart (the stand-in speaks no multipart).
+fn small_dir(root: &FsPath) -> PathBuf {
+    let dir = root.join("small");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(dir.join("state.json"), b"{\"step\": 7}").expect("write");
+    std::fs::write(dir.join("weights.bin"), vec![7u8; 64 << 10]).expect("write");
+    dir
+}
+
+// Real time, kept short: the HTTP client's connections and timers cannot run on a paused
+// clock (it would jump past the connect timeout while a local connection is being made).
+#[tokio::test]
+async fn an_http_store_that_accepts_and_never_answers_ends_the_checkpoint_by_its_deadline() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s3 = stub_s3(usize::MAX, Fault::Stall).await;
+    let store =
+        CheckpointStore::open("s3://bucket/jobs/j", &stub_s3_options(&s3.url)).expect("open");
+    let window = MARGIN + Duration::from_secs(2);
+    let started = std::time::Instant::now();
+    let (up, _) = in_window(
+        &store,
+        &small_dir(tmp.path()),
+        meta(0),
+        small_parts(),
+        window,
+    )
+    .await;
+    assert!(
+        matches!(up, Err(CheckpointError::Deadline { .. })),
+        "{up:?}"
+    );
+    let took = started.elapsed();
+    assert!(took < window, "reported {took:?} into a {window:?} window");
+    assert!(
+        s3.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty(),
+        "nothing was written, the manifest least of all"
+    );
+}
+
+#[tokio::test]
+async fn an_http_request_that_stalls_is_given_up_and_retried_inside_the_window() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s3 = stub_s3(1, Fault::Stall).await;
+    let mut options = stub_s3_options(&s3.url);
+    options.push(("read_timeout".into(), "300ms".into()));
+    let store = CheckpointStore::open("s3://bucket/jobs/j", &options).expect("open");
+    let window = MARGIN + Duration::from_secs(3);
+    let started = std::time::Instant::now();
+    let m = meta(0);
+    let (up, _) = in_window(&store, &small_dir(tmp.path()), m, small_parts(), window).await;
+    let up = up.expect("durable: the stalled put was given up and made again");
+    assert!(started.elapsed() < window, "{:?}", started.elapsed());
+    assert_eq!(up.manifest.files.len(), 2);
+    let written = s3.written.lock().unwrap_or_else(|p| p.into_inner());
+    assert_eq!(
+        written.last().map(String::as_str),
+        Some(format!("/bucket/jobs/j/replica-0/{}/manifest.json", m.checkpoint_id).as_str()),
+        "the manifest last: {written:?}"
+    );
+}
+
+#[tokio::test]
+async fn object_stores_retry_a_failing_request_briefly_and_leave_the_rest_to_the_agent() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("one");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(dir.join("state.json"), b"{}").expect("write");
+    let s3 = stub_s3(usize::MAX, Fault::Fail).await;
+    let store =
+        CheckpointStore::open("s3://bucket/jobs/j", &stub_s3_options(&s3.url)).expect("open");
+    let cfg = UploadConfig {
+        file_attempts: 1,
+        ..small_parts()
+    };
+    let started = std::time::Instant::now();
+    let up = store.upload(&dir, meta(0), cfg, None).await;
+    assert!(matches!(up, Err(CheckpointError::Store(_))), "{up:?}");
+    // object_store's default would be 11 requests over up to 3 minutes.
+    assert_eq!(
+        s3.puts.load(Ordering::SeqCst),
+        1 + store_retry().max_retries,
+        "the request and its retries"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

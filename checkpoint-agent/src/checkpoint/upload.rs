@@ -6,6 +6,7 @@
 
 use std::path::{Component, Path as FsPath, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -24,9 +25,27 @@ use super::{
 };
 use crate::workload::MARKER;
 
+/// The longest pause before a file is started over.
+const MAX_FILE_PAUSE: Duration = Duration::from_secs(5);
+
+/// What the files of one upload share.
+struct Shared {
+    cfg: UploadConfig,
+    deadline: Option<tokio::time::Instant>,
+    /// Bytes of the files uploaded whole so far.
+    uploaded: AtomicU64,
+    /// Part buffers in memory at once, over all files (see [`budget_permits`]).
+    memory: Arc<Semaphore>,
+    pool: BufferPool,
+}
+
 impl CheckpointStore {
     /// Uploads `dir` as checkpoint `meta`, the manifest last, before `deadline` if given.
     /// Missing the deadline leaves no manifest: the checkpoint does not exist.
+    ///
+    /// With a deadline this returns by it, whatever the store does: every store call runs
+    /// under it, and a file is not started over when the pause before would end past it (the
+    /// file's error is returned then). See the module's "Retries inside a notice window".
     pub async fn upload(
         &self,
         dir: &FsPath,
@@ -38,20 +57,18 @@ impl CheckpointStore {
         let files = list_files(dir).await?;
         let total: u64 = files.iter().map(|f| f.size).sum();
         let prefix = self.checkpoint_prefix(meta.replica, meta.checkpoint_id);
-        let uploaded = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let budget = Arc::new(Semaphore::new(budget_permits(cfg) as usize));
-        let pool = BufferPool::default();
+        let shared = Shared {
+            cfg,
+            deadline,
+            uploaded: AtomicU64::new(0),
+            memory: Arc::new(Semaphore::new(budget_permits(cfg) as usize)),
+            pool: BufferPool::default(),
+        };
         let work = async {
             let mut done: Vec<ManifestFile> = futures::stream::iter(files.iter().cloned())
                 .map(|f| {
                     let location = under(&prefix, &["files", &f.rel]);
-                    let counter = uploaded.clone();
-                    let budget = budget.clone();
-                    let pool = pool.clone();
-                    async move {
-                        self.upload_file(f, location, cfg, counter, budget, pool)
-                            .await
-                    }
+                    self.upload_file(f, location, &shared)
                 })
                 .buffer_unordered(cfg.file_concurrency.max(1))
                 .try_collect()
@@ -83,7 +100,7 @@ impl CheckpointStore {
         let (manifest, location) = match deadline {
             Some(d) => tokio::time::timeout_at(d, work).await.map_err(|_| {
                 CheckpointError::Deadline {
-                    uploaded: uploaded.load(std::sync::atomic::Ordering::Relaxed),
+                    uploaded: shared.uploaded.load(Ordering::Relaxed),
                     total,
                 }
             })??,
@@ -96,15 +113,22 @@ impl CheckpointStore {
         })
     }
 
+    /// One file, started over after a failure up to `cfg.file_attempts` attempts in all, with a
+    /// pause of 400 ms, then twice as long each time up to [`MAX_FILE_PAUSE`], that never ends
+    /// past the deadline: a file that cannot be tried again in time fails with its last error.
     async fn upload_file(
         &self,
         f: LocalFile,
         location: Path,
-        cfg: UploadConfig,
-        counter: Arc<std::sync::atomic::AtomicU64>,
-        budget: Arc<Semaphore>,
-        pool: BufferPool,
+        shared: &Shared,
     ) -> Result<ManifestFile, CheckpointError> {
+        let Shared {
+            cfg,
+            deadline,
+            ref memory,
+            ref pool,
+            ..
+        } = *shared;
         let mut attempt = 1;
         loop {
             let result = if let Some(local) = &self.local {
@@ -113,14 +137,14 @@ impl CheckpointStore {
                 let parts = u32::try_from(f.size.div_ceil(cfg.part_size.max(1) as u64).max(1))
                     .unwrap_or(u32::MAX)
                     .min(budget_permits(cfg));
-                let _memory = budget.acquire_many(parts).await.map_err(closed)?;
+                let _memory = memory.acquire_many(parts).await.map_err(closed)?;
                 self.put_small(&f, &location).await
             } else {
-                self.put_multipart(&f, &location, cfg, &budget, &pool).await
+                self.put_multipart(&f, &location, cfg, memory, pool).await
             };
             match result {
                 Ok(sha256) => {
-                    counter.fetch_add(f.size, std::sync::atomic::Ordering::Relaxed);
+                    shared.uploaded.fetch_add(f.size, Ordering::Relaxed);
                     return Ok(ManifestFile {
                         path: f.rel,
                         size: f.size,
@@ -130,8 +154,15 @@ impl CheckpointStore {
                 Err(e @ (CheckpointError::Store(_) | CheckpointError::Io { .. }))
                     if attempt < cfg.file_attempts =>
                 {
+                    let pause = Duration::from_millis(200)
+                        .saturating_mul(1 << attempt.min(16))
+                        .min(MAX_FILE_PAUSE);
+                    if deadline.is_some_and(|d| tokio::time::Instant::now() + pause >= d) {
+                        tracing::warn!(file = %f.rel, attempt, error = %e, "file upload failed; no time left to start it over");
+                        return Err(e);
+                    }
                     tracing::warn!(file = %f.rel, attempt, error = %e, "file upload failed; starting it over");
-                    tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                    tokio::time::sleep(pause).await;
                     attempt += 1;
                 }
                 Err(e) => return Err(e),

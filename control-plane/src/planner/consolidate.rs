@@ -750,6 +750,8 @@ mod tests {
             on_demand_price: Micros::from_dollars(usd),
             placement_score: None,
             interruption_bucket: None,
+            price_source: spotplane_providers::PriceSource::Catalog,
+            on_demand_source: spotplane_providers::PriceSource::Catalog,
         }
     }
 

@@ -26,6 +26,8 @@ fn offer(zone: &str, ty: &str, market: Market, price: &str, gpus: u32) -> Offer 
         on_demand_price: usd("4.10").scale(i64::from(gpus), 1),
         placement_score: None,
         interruption_bucket: Some("<5%".into()),
+        price_source: spotplane_providers::PriceSource::Catalog,
+        on_demand_source: spotplane_providers::PriceSource::Catalog,
     }
 }
 

@@ -6,8 +6,11 @@
 //!
 //! - Offers: `DescribeSpotPriceHistory` from now (the price in effect now, per zone), paginated,
 //!   the latest point per (zone, type) kept; `DescribeInstanceTypes` for vCPUs, memory and GPUs
-//!   of types the catalog does not know; on-demand prices come from the catalog (EC2 has no
-//!   on-demand price call; the Pricing API is a separate service). Zones are named by their
+//!   of types the catalog does not know; on-demand prices from the Price List Query API
+//!   (`pricing.rs`; EC2 has no on-demand price call), cached for a day, with the catalog's
+//!   price where the Price List has none or cannot be read (logged, and the offer's
+//!   `on_demand_source` says `catalog`). A type with neither is not offered: there is nothing
+//!   to measure its saving against. Zones are named by their
 //!   account-independent AZ id (`use1-az1`), as in the catalog, mapped from and to the
 //!   account's AZ names with `DescribeAvailabilityZones`.
 //! - Provisioning: `CreateFleet` `instant` with `price-capacity-optimized` (from a launch template
@@ -20,15 +23,19 @@
 //!
 //! The SDK's own retries are off: retrying is the decorators' job ([`crate::decorators`]).
 //!
-//! This file is the provider over the two traits; `events.rs` routes the queue's EventBridge
-//! messages, and `sdk.rs` is [`SdkEc2`] and [`SdkQueue`] with the SDK errors' mapping.
+//! This file is the provider over the traits; `events.rs` routes the queue's EventBridge
+//! messages, `pricing.rs` reads the Price List, and `sdk.rs` is [`SdkEc2`] and [`SdkQueue`]
+//! with the SDK errors' mapping.
 
 mod events;
+pub mod pricing;
 mod sdk;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -39,14 +46,20 @@ use crate::catalog::CatalogRow;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::{AwsConfig, AwsLaunchApi};
 use crate::{
-    CloudProvider, Instance, InstanceState, InterruptionEvent, Offer, ProviderError,
+    CloudProvider, Instance, InstanceState, InterruptionEvent, Offer, PriceSource, ProviderError,
     ProvisionRequest, tags,
 };
 pub use events::{EventError, Routed, parse_event};
+pub use pricing::{PricingApi, SdkPricing};
 pub use sdk::{SdkEc2, SdkQueue};
 
 /// How long listed offers are served from memory.
 const OFFER_TTL: Duration = Duration::from_secs(300);
+/// How long a region's Price List prices are kept: AWS changes on-demand prices a few times a
+/// year, and a read is tens of pages.
+const PRICE_LIST_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How long a failed Price List read leaves a region on catalog prices before the next try.
+const PRICE_LIST_RETRY: Duration = Duration::from_secs(600);
 /// AWS's spot interruption notice: the instance is taken two minutes after the warning.
 const SPOT_NOTICE: chrono::Duration = chrono::Duration::seconds(120);
 /// The operating system whose spot prices we read.
@@ -178,7 +191,13 @@ pub struct AwsProvider {
     catalog: Vec<CatalogRow>,
     cache: Mutex<Option<(Instant, Vec<Offer>)>>,
     clock: SharedClock,
+    pricing: Option<Box<dyn PricingApi>>,
+    /// Per region: when its prices were read, for how long they hold, and the on-demand
+    /// price of each type read.
+    on_demand: tokio::sync::Mutex<HashMap<String, ListedPrices>>,
 }
+
+type ListedPrices = (Instant, Duration, HashMap<String, Micros>);
 
 impl std::fmt::Debug for AwsProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -197,6 +216,7 @@ impl AwsProvider {
     ) -> Result<Self, ProviderError> {
         let mut regions: Vec<(String, Box<dyn Ec2Api>)> = Vec::new();
         let mut queue: Option<Box<dyn QueueApi>> = None;
+        let mut pricing: Option<SdkPricing> = None;
         for name in &cfg.regions {
             // The SDK's own retries off (its default is 3 attempts per call): the `Retrying`
             // decorator retries every cloud call, so one policy decides how often and how long,
@@ -208,6 +228,21 @@ impl AwsProvider {
                 loader = loader.endpoint_url(url);
             }
             let sdk = loader.load().await;
+            if pricing.is_none() && cfg.price_list {
+                let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                    .region(aws_config::Region::new(cfg.price_list_region.clone()))
+                    .retry_config(aws_config::retry::RetryConfig::disabled());
+                if let Some(url) = cfg
+                    .price_list_endpoint_url
+                    .as_ref()
+                    .or(cfg.endpoint_url.as_ref())
+                {
+                    loader = loader.endpoint_url(url);
+                }
+                pricing = Some(SdkPricing(aws_sdk_pricing::Client::new(
+                    &loader.load().await,
+                )));
+            }
             regions.push((
                 name.clone(),
                 Box::new(SdkEc2(aws_sdk_ec2::Client::new(&sdk))),
@@ -222,7 +257,11 @@ impl AwsProvider {
                 }));
             }
         }
-        Self::with_apis(cfg.clone(), catalog, regions, queue).await
+        let provider = Self::with_apis(cfg.clone(), catalog, regions, queue).await?;
+        Ok(match pricing {
+            Some(p) => provider.with_pricing(Box::new(p)),
+            None => provider,
+        })
     }
 
     /// Builds the provider on given API implementations.
@@ -249,7 +288,44 @@ impl AwsProvider {
             catalog: catalog.into_iter().filter(|r| r.gpu_count > 0).collect(),
             cache: Mutex::new(None),
             clock: Arc::new(SystemClock),
+            pricing: None,
+            on_demand: tokio::sync::Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Reads on-demand prices from `pricing` (the Price List) instead of the catalog alone.
+    pub fn with_pricing(mut self, pricing: Box<dyn PricingApi>) -> Self {
+        self.pricing = Some(pricing);
+        self
+    }
+
+    /// The Price List's on-demand prices of `types` in `region`, from the cache while fresh.
+    /// Empty (catalog prices) without a Price List or when it cannot be read.
+    async fn on_demand_in(&self, region: &str, types: &[String]) -> HashMap<String, Micros> {
+        let Some(api) = &self.pricing else {
+            return HashMap::new();
+        };
+        let mut cache = self.on_demand.lock().await;
+        if let Some((at, ttl, prices)) = cache.get(region)
+            && at.elapsed() < *ttl
+        {
+            return prices.clone();
+        }
+        let (ttl, prices) = match pricing::on_demand_prices(api.as_ref(), region, types).await {
+            Ok(p) => (PRICE_LIST_TTL, p),
+            Err(e) => {
+                // The last prices read are nearer the truth than the catalog: kept, and the
+                // Price List asked again sooner.
+                let kept = cache.remove(region).map(|(_, _, p)| p).unwrap_or_default();
+                tracing::warn!(
+                    region, error = %e, kept = kept.len(),
+                    "the AWS Price List cannot be read; the last prices read are kept, the catalog's for the rest"
+                );
+                (PRICE_LIST_RETRY, kept)
+            }
+        };
+        cache.insert(region.to_owned(), (Instant::now(), ttl, prices.clone()));
+        prices
     }
 
     /// Reads the time from `clock` (the registry gives the control plane's).
@@ -312,6 +388,8 @@ impl AwsProvider {
             }
         };
         let latest = latest_per_zone(live);
+        let listed = self.on_demand_in(&region.name, &types).await;
+        let mut from_catalog: Vec<&str> = Vec::new();
 
         let mut offers = Vec::new();
         for t in &types {
@@ -346,10 +424,19 @@ impl AwsProvider {
                 if gpu_count == 0 {
                     continue;
                 }
-                let Some(on_demand) = row.map(|r| r.price) else {
-                    // Without an on-demand price there is nothing to compare savings with.
-                    tracing::debug!(instance_type = %t, "no on-demand price in the catalog; not offered");
-                    continue;
+                let (on_demand, on_demand_source) = match (listed.get(t), row) {
+                    (Some(p), _) => (*p, PriceSource::Live),
+                    (None, Some(r)) => {
+                        if self.pricing.is_some() && !from_catalog.contains(&t.as_str()) {
+                            from_catalog.push(t);
+                        }
+                        (r.price, PriceSource::Catalog)
+                    }
+                    (None, None) => {
+                        // Without an on-demand price there is nothing to compare savings with.
+                        tracing::warn!(region = %region.name, instance_type = %t, "no on-demand price in the Price List or the catalog; not offered");
+                        continue;
+                    }
                 };
                 let base = Offer {
                     cloud: Cloud::Aws,
@@ -365,16 +452,22 @@ impl AwsProvider {
                     on_demand_price: on_demand,
                     placement_score: None,
                     interruption_bucket: None,
+                    price_source: on_demand_source,
+                    on_demand_source,
                 };
                 let zone_name = region.zone_name_of.get(&zone);
                 let spot = zone_name
                     .and_then(|n| latest.get(&(n.clone(), t.clone())))
-                    .map(|p| p.price)
-                    .or_else(|| row.and_then(|r| r.spot_price));
-                if let Some(price) = spot {
+                    .map(|p| (p.price, PriceSource::Live))
+                    .or_else(|| {
+                        row.and_then(|r| r.spot_price)
+                            .map(|p| (p, PriceSource::Catalog))
+                    });
+                if let Some((price, price_source)) = spot {
                     offers.push(Offer {
                         market: Market::Spot,
                         price,
+                        price_source,
                         placement_score: row.and_then(|r| r.placement_score),
                         interruption_bucket: row.and_then(|r| r.interruption_bucket.clone()),
                         ..base.clone()
@@ -382,6 +475,13 @@ impl AwsProvider {
                 }
                 offers.push(base);
             }
+        }
+        if !from_catalog.is_empty() {
+            tracing::warn!(
+                region = %region.name,
+                instance_types = %from_catalog.join(","),
+                "the AWS Price List has no on-demand price for these types; the catalog's is used"
+            );
         }
         Ok(offers)
     }

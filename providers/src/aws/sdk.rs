@@ -28,7 +28,7 @@ pub struct SdkQueue {
 }
 
 /// Maps an SDK failure to what the planner branches on.
-fn sdk_error<E, R>(op: &str, e: SdkError<E, R>) -> ProviderError
+pub(super) fn sdk_error<E, R>(op: &str, e: SdkError<E, R>) -> ProviderError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,

@@ -222,3 +222,199 @@ fn launch_templates_are_shared_by_identical_nodes_only() {
     assert_ne!(spec.template_name(), other_image.template_name());
     assert!(spec.template_name().len() <= 128);
 }
+
+/// One region of EC2 with one zone, no spot prices and no instance type it describes.
+struct QuietEc2;
+
+#[async_trait]
+impl Ec2Api for QuietEc2 {
+    async fn availability_zones(&self) -> Result<Vec<(String, String)>, ProviderError> {
+        Ok(vec![("us-east-1a".into(), "use1-az1".into())])
+    }
+    async fn spot_prices(
+        &self,
+        _: &[String],
+        _: DateTime<Utc>,
+    ) -> Result<Vec<SpotPricePoint>, ProviderError> {
+        Ok(Vec::new())
+    }
+    async fn instance_types(&self, _: &[String]) -> Result<Vec<InstanceTypeInfo>, ProviderError> {
+        Ok(Vec::new())
+    }
+    async fn launch(&self, _: &LaunchSpec) -> Result<String, ProviderError> {
+        Err(ProviderError::InvalidRequest("not in this test".into()))
+    }
+    async fn terminate(&self, _: &[String]) -> Result<(), ProviderError> {
+        Err(ProviderError::InvalidRequest("not in this test".into()))
+    }
+    async fn instances_by_tags(
+        &self,
+        _: &BTreeMap<String, String>,
+    ) -> Result<Vec<Ec2Instance>, ProviderError> {
+        Ok(Vec::new())
+    }
+    async fn instances_by_id(&self, _: &[String]) -> Result<Vec<Ec2Instance>, ProviderError> {
+        Ok(Vec::new())
+    }
+}
+
+/// A Price List whose p5.48xlarge rate the test sets, or that fails.
+#[derive(Clone, Default)]
+struct ScriptedPrices(Arc<Mutex<Option<&'static str>>>);
+
+#[async_trait]
+impl PricingApi for ScriptedPrices {
+    async fn products_page(
+        &self,
+        region: &str,
+        _: &[String],
+        _: Option<String>,
+    ) -> Result<(Vec<String>, Option<String>), ProviderError> {
+        let rate = *self.0.lock().expect("lock");
+        let rate = rate.ok_or_else(|| ProviderError::Transient("GetProducts: 503".into()))?;
+        let doc = serde_json::json!({
+            "product": {"attributes": {
+                "instanceType": "p5.48xlarge", "regionCode": region, "operatingSystem": "Linux",
+                "preInstalledSw": "NA", "tenancy": "Shared", "capacitystatus": "Used"}},
+            "terms": {"OnDemand": {"T.JRTCKXETXF": {"priceDimensions": {"T.JRTCKXETXF.6YS6EN2CT7": {
+                "unit": "Hrs", "beginRange": "0", "endRange": "Inf", "pricePerUnit": {"USD": rate}}}}}}
+        });
+        Ok((vec![doc.to_string()], None))
+    }
+}
+
+fn p5_row() -> CatalogRow {
+    CatalogRow {
+        instance_type: "p5.48xlarge".into(),
+        vcpus: 192,
+        memory_gib: 2048.0,
+        gpu_model: Some(GpuModel::H100_80GB),
+        gpu_count: 8,
+        region: "us-east-1".into(),
+        zone: "use1-az1".into(),
+        price: Micros::parse_usd("98.32").expect("usd"),
+        spot_price: Some(Micros::parse_usd("30.00").expect("usd")),
+        placement_score: None,
+        interruption_bucket: None,
+    }
+}
+
+fn aws_config() -> AwsConfig {
+    AwsConfig {
+        regions: vec!["us-east-1".into()],
+        endpoint_url: None,
+        interruption_queue_url: None,
+        instance_types: Vec::new(),
+        image_id: "ami-1".into(),
+        subnets: BTreeMap::new(),
+        security_group_ids: Vec::new(),
+        instance_profile: None,
+        launch_api: AwsLaunchApi::CreateFleet,
+        price_list: true,
+        price_list_region: "us-east-1".into(),
+        price_list_endpoint_url: None,
+    }
+}
+
+async fn on_demand(p: &AwsProvider) -> (Micros, PriceSource) {
+    let offers = p.list_offers().await.expect("offers");
+    let o = offers
+        .iter()
+        .find(|o| o.market == Market::OnDemand)
+        .expect("an on-demand offer");
+    assert!(
+        offers
+            .iter()
+            .all(|x| x.on_demand_price == o.on_demand_price),
+        "spot offers compare with the same on-demand price"
+    );
+    (o.on_demand_price, o.on_demand_source)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_price_change_is_read_when_the_price_list_cache_expires() {
+    let prices = ScriptedPrices::default();
+    *prices.0.lock().expect("lock") = Some("55.0400000000");
+    let p = AwsProvider::with_apis(
+        aws_config(),
+        vec![p5_row()],
+        vec![("us-east-1".into(), Box::new(QuietEc2))],
+        None,
+    )
+    .await
+    .expect("provider")
+    .with_pricing(Box::new(prices.clone()));
+    let usd = |s: &str| Micros::parse_usd(s).expect("usd");
+    assert_eq!(on_demand(&p).await, (usd("55.04"), PriceSource::Live));
+
+    // AWS changes the price: the offers (5 minutes) refresh, the Price List read (a day) not yet.
+    *prices.0.lock().expect("lock") = Some("49.7500000000");
+    tokio::time::advance(OFFER_TTL + Duration::from_secs(1)).await;
+    assert_eq!(on_demand(&p).await, (usd("55.04"), PriceSource::Live));
+    tokio::time::advance(PRICE_LIST_TTL).await;
+    assert_eq!(on_demand(&p).await, (usd("49.75"), PriceSource::Live));
+
+    // The Price List fails: the last prices read stay, and it is asked again sooner.
+    *prices.0.lock().expect("lock") = None;
+    tokio::time::advance(PRICE_LIST_TTL).await;
+    assert_eq!(on_demand(&p).await, (usd("49.75"), PriceSource::Live));
+    *prices.0.lock().expect("lock") = Some("51.0000000000");
+    tokio::time::advance(PRICE_LIST_RETRY + Duration::from_secs(1)).await;
+    assert_eq!(on_demand(&p).await, (usd("51.00"), PriceSource::Live));
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_price_list_answer_the_catalog_prices_and_the_offer_says_so() {
+    let p = AwsProvider::with_apis(
+        aws_config(),
+        vec![p5_row()],
+        vec![("us-east-1".into(), Box::new(QuietEc2))],
+        None,
+    )
+    .await
+    .expect("provider")
+    .with_pricing(Box::new(ScriptedPrices::default()));
+    assert_eq!(
+        on_demand(&p).await,
+        (
+            Micros::parse_usd("98.32").expect("usd"),
+            PriceSource::Catalog
+        )
+    );
+}
+
+#[test]
+fn price_list_documents_are_read_strictly() {
+    let doc = |os: &str, region: &str, usd: &str| {
+        serde_json::json!({
+            "product": {"attributes": {
+                "instanceType": "g6e.xlarge", "regionCode": region, "operatingSystem": os,
+                "preInstalledSw": "NA", "tenancy": "Shared", "capacitystatus": "Used"}},
+            "terms": {"OnDemand": {"T.JRTCKXETXF": {"priceDimensions": {"T.X": {
+                "unit": "Hrs", "beginRange": "0", "pricePerUnit": {"USD": usd}}}}}}
+        })
+        .to_string()
+    };
+    assert_eq!(
+        pricing::parse_product(&doc("Linux", "us-east-1", "1.8610000000"), "us-east-1"),
+        Ok(Some((
+            "g6e.xlarge".into(),
+            Micros::parse_usd("1.861").expect("usd")
+        )))
+    );
+    assert_eq!(
+        pricing::parse_product(&doc("Windows", "us-east-1", "2.0"), "us-east-1"),
+        Ok(None)
+    );
+    assert_eq!(
+        pricing::parse_product(&doc("Linux", "us-west-2", "2.0"), "us-east-1"),
+        Ok(None)
+    );
+    assert_eq!(
+        pricing::parse_product(&doc("Linux", "us-east-1", "0.0000000000"), "us-east-1"),
+        Ok(None),
+        "a zero rate is no price"
+    );
+    assert!(pricing::parse_product(&doc("Linux", "us-east-1", "cheap"), "us-east-1").is_err());
+    assert!(pricing::parse_product("{not json", "us-east-1").is_err());
+}

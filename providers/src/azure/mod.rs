@@ -330,6 +330,8 @@ fn offers_of(row: &CatalogRow, region: &Arc<str>, live: SizePrices) -> Vec<Offer
         on_demand_price: on_demand,
         placement_score: row.placement_score,
         interruption_bucket: row.interruption_bucket.clone(),
+        price_source: crate::PriceSource::Catalog,
+        on_demand_source: crate::PriceSource::Catalog,
     };
     let mut out = Vec::with_capacity(2);
     if let Some(spot) = live.spot.or(row.spot_price) {

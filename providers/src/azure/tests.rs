@@ -111,6 +111,8 @@ fn offer(market: Market) -> Offer {
         on_demand_price: Micros::parse_usd("3.673").expect("price"),
         placement_score: None,
         interruption_bucket: None,
+        price_source: crate::PriceSource::Catalog,
+        on_demand_source: crate::PriceSource::Catalog,
     }
 }
 

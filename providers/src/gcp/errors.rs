@@ -82,7 +82,7 @@ pub(super) fn sdk_error(
         .unwrap_or_else(|| e.to_string());
     let retry_after = e
         .http_headers()
-        .and_then(|h| h.get(reqwest::header::RETRY_AFTER))
+        .and_then(|h| h.get("retry-after"))
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_secs);

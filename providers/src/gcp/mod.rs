@@ -1,5 +1,6 @@
 //! Google Cloud: Compute Engine GPU VMs, spot and on-demand, through Google's
-//! `google-cloud-compute-v1` client.
+//! `google-cloud-compute-v1` client, priced from the Cloud Billing Catalog through
+//! `google-cloud-billing-v1`.
 //!
 //! # Offers and prices
 //!
@@ -8,22 +9,23 @@
 //! memory, GPU model and count) always come from the catalog, so a configured type without a
 //! catalog row in a zone is skipped with a warning.
 //!
-//! Prices come from the Cloud Billing Catalog API (`GET /v1/services/6F81-5844-456A/skus`, every
-//! page). Compute Engine bills a GPU VM per component (GPUs, vCPUs, memory), and only the GPU
-//! SKUs name a GPU model, so a row is priced like this:
+//! Prices are read from the Cloud Billing Catalog (`CloudCatalog::list_skus` on
+//! `services/6F81-5844-456A`, in US dollars, every page). Compute Engine bills a GPU VM per
+//! component, so each row is priced as a whole VM, per market, from the SKUs of its region:
+//! vCPUs × the machine series' core SKU + memory (GiB) × its RAM SKU + GPUs × the GPU SKU
+//! (A2, A3, G2 and G4 machine types include their GPUs; N1 types get theirs attached; A4 is
+//! one "GPU slice" SKU per GPU that includes its vCPUs and memory). On-demand prices come
+//! from the `OnDemand` SKUs, spot prices from the Spot (`Preemptible`) SKUs: both are read,
+//! neither is derived from the other. Which SKU descriptions are read, and where their names
+//! were checked, is in `billing.rs`.
 //!
-//! - on-demand: the catalog's on-demand price (list prices, which change rarely);
-//! - spot: that on-demand price times the GPU's live spot/on-demand ratio, from the
-//!   `Preemptible` and `OnDemand` SKUs of the row's GPU model in the row's region. The GPU is
-//!   most of a GPU VM's price (about 80% of `a2-highgpu-1g` and `g2-standard-4` at list
-//!   prices), so its discount is a close estimate of the VM's; the vCPU and memory SKUs, whose
-//!   names differ by machine family, are not read.
-//!
-//! A row whose GPU SKUs are not both found, or whose ratio is not in (0, 1], keeps its catalog
-//! prices. When the billing call fails, or prices nothing at all, every row keeps its catalog
-//! prices and a warning is logged: `list_offers` never fails for want of prices. Offers are
-//! cached for [`PRICE_REFRESH`] (catalog-priced ones for [`FALLBACK_REFRESH`], so a billing
-//! outage is retried sooner).
+//! Where a component SKU is missing for a row on a market, that row keeps its catalog price on
+//! that market and its offer says so ([`PriceSource::Catalog`]; live ones are
+//! [`PriceSource::Live`]); the missing SKUs are logged per row at debug level, and summed up in
+//! one warning per refresh. When the billing call fails, or prices nothing at all, every row
+//! keeps its catalog prices and a warning is logged: `list_offers` never fails for want of
+//! prices. Offers are cached for [`PRICE_REFRESH`] (when none is live-priced, for
+//! [`FALLBACK_REFRESH`], so a billing outage is retried sooner).
 //!
 //! # Provisioning
 //!
@@ -76,7 +78,7 @@
 //! This file is the provider: its configuration, the offers and their cache, provisioning,
 //! termination and listing. `names.rs` holds the identifiers (instance names, request ids,
 //! provider ids, labels) and the reading of an instance; `errors.rs` the mapping of GCE's
-//! errors; `billing.rs` the Cloud Billing Catalog's SKUs and the GPU prices read from them.
+//! errors; `billing.rs` the Cloud Billing Catalog's SKUs and the VM prices summed from them.
 
 mod billing;
 mod errors;
@@ -87,12 +89,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use google_cloud_auth::credentials::{CacheableResource, Credentials};
+use google_cloud_auth::credentials::Credentials;
+use google_cloud_billing_v1::client::CloudCatalog;
 use google_cloud_compute_v1::client::{Instances, ZoneOperations};
 use google_cloud_compute_v1::model::{
     self, AcceleratorConfig, AccessConfig, AttachedDisk, AttachedDiskInitializeParams, Metadata,
     NetworkInterface, Operation, Scheduling, ServiceAccount, access_config, operation, scheduling,
 };
+use google_cloud_gax::options::RequestOptionsBuilder as _;
+use google_cloud_gax::paginator::Paginator as _;
 use google_cloud_gax::retry_policy::NeverRetry;
 use spotplane_core::{Cloud, Market, Micros};
 use tokio::time::Instant;
@@ -100,8 +105,10 @@ use uuid::Uuid;
 
 use crate::catalog::CatalogRow;
 use crate::config::{GcpConfig, GcpTerminationAction};
-use crate::{CloudProvider, Instance, InterruptionEvent, Offer, ProviderError, ProvisionRequest};
-use billing::{GpuPrices, SkuPage};
+use crate::{
+    CloudProvider, Instance, InterruptionEvent, Offer, PriceSource, ProviderError, ProvisionRequest,
+};
+use billing::SkuPrices;
 use errors::{OpOutcome, is_already_exists, op_error, sdk_error};
 pub use names::{instance_name, label_key, label_value, request_id};
 use names::{is_n1, label_filter, labels, n1_accelerator, parse_provider_id, to_instance};
@@ -115,8 +122,6 @@ pub const NODE_ID_LABEL: &str = crate::tags::NODE_ID;
 /// Compute Engine's service id in the Cloud Billing Catalog.
 pub const COMPUTE_BILLING_SERVICE: &str = "6F81-5844-456A";
 
-const DEFAULT_BILLING_ENDPOINT: &str = "https://cloudbilling.googleapis.com";
-
 /// How long offers priced from the billing API are served from the cache.
 pub const PRICE_REFRESH: Duration = Duration::from_secs(300);
 
@@ -129,7 +134,7 @@ pub const MAX_OPERATION_WAITS: u32 = 4;
 /// Pages read from one listing at most; a bound against a server that never stops paging.
 const MAX_PAGES: usize = 200;
 
-const BILLING_PAGE_SIZE: &str = "5000";
+const BILLING_PAGE_SIZE: i32 = 5000;
 const BILLING_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// When GCE throttles without saying for how long.
@@ -149,9 +154,7 @@ pub struct GcpProvider {
     catalog: Vec<CatalogRow>,
     instances: Instances,
     operations: ZoneOperations,
-    credentials: Credentials,
-    http: reqwest::Client,
-    billing_endpoint: String,
+    billing: CloudCatalog,
     refresh: Duration,
     offers: tokio::sync::Mutex<Option<CachedOffers>>,
 }
@@ -191,34 +194,34 @@ impl GcpProvider {
         let mut operations = ZoneOperations::builder()
             .with_credentials(credentials.clone())
             .with_retry_policy(NeverRetry);
+        let mut billing = CloudCatalog::builder()
+            .with_credentials(credentials)
+            .with_retry_policy(NeverRetry);
         if let Some(url) = &cfg.endpoint_url {
             instances = instances.with_endpoint(url.trim_end_matches('/'));
             operations = operations.with_endpoint(url.trim_end_matches('/'));
         }
-        let setup = |e: google_cloud_gax::client_builder::Error| {
-            if e.is_default_credentials() {
-                ProviderError::Auth(e.to_string())
-            } else {
-                ProviderError::InvalidRequest(format!("the Compute Engine client: {e}"))
+        if let Some(url) = &cfg.billing_endpoint_url {
+            billing = billing.with_endpoint(url.trim_end_matches('/'));
+        }
+        let setup = |client: &'static str| {
+            move |e: google_cloud_gax::client_builder::Error| {
+                if e.is_default_credentials() {
+                    ProviderError::Auth(e.to_string())
+                } else {
+                    ProviderError::InvalidRequest(format!("the {client} client: {e}"))
+                }
             }
         };
-        let instances = instances.build().await.map_err(setup)?;
-        let operations = operations.build().await.map_err(setup)?;
-        let http = reqwest::Client::builder()
-            .timeout(BILLING_TIMEOUT)
-            .build()
-            .map_err(|e| ProviderError::InvalidRequest(format!("the billing client: {e}")))?;
+        let instances = instances.build().await.map_err(setup("Compute Engine"))?;
+        let operations = operations.build().await.map_err(setup("Compute Engine"))?;
+        let billing = billing.build().await.map_err(setup("Cloud Billing"))?;
         Ok(Self {
             cfg: cfg.clone(),
             catalog,
             instances,
             operations,
-            credentials,
-            http,
-            billing_endpoint: cfg
-                .billing_endpoint_url
-                .clone()
-                .unwrap_or_else(|| DEFAULT_BILLING_ENDPOINT.to_owned()),
+            billing,
             refresh: PRICE_REFRESH,
             offers: tokio::sync::Mutex::new(None),
         })
@@ -263,9 +266,10 @@ impl GcpProvider {
         rows
     }
 
+    /// Offers at the prices read now; whether any is live-priced.
     async fn fresh_offers(&self) -> (Vec<Offer>, bool) {
         let rows = self.rows();
-        let prices = match self.gpu_prices().await {
+        let prices = match self.sku_prices().await {
             Ok(p) => Some(p),
             Err(e) => {
                 tracing::warn!(error = %e, "GCP billing catalog unreadable; offering at catalog prices");
@@ -273,78 +277,87 @@ impl GcpProvider {
             }
         };
         let mut offers = Vec::with_capacity(rows.len() * 2);
-        let mut live = 0usize;
-        for row in &rows {
-            let ratio = prices.as_ref().and_then(|p| p.spot_ratio(row));
-            if ratio.is_some() {
-                live += 1;
+        let (mut live, mut fallbacks) = (0usize, 0usize);
+        let mut missing: Vec<String> = Vec::new();
+        let mut price = |row: &CatalogRow, market: Market| -> Option<Micros> {
+            let p = prices.as_ref()?;
+            match p.vm_price(row, market) {
+                Ok(m) => {
+                    live += 1;
+                    Some(m)
+                }
+                Err(skus) => {
+                    fallbacks += 1;
+                    tracing::debug!(
+                        machine_type = %row.instance_type, zone = %row.zone, %market,
+                        missing = %skus.join(", "),
+                        "GCP billing catalog lacks a SKU for this machine type; catalog price kept"
+                    );
+                    for s in skus {
+                        if !missing.contains(&s) {
+                            missing.push(s);
+                        }
+                    }
+                    None
+                }
             }
-            let on_demand = row.price;
-            let spot = match ratio {
-                Some((spot, od)) => Some(on_demand.scale(spot.0, od.0)),
-                None => row.spot_price,
+        };
+        for row in &rows {
+            let (on_demand, od_source) = match price(row, Market::OnDemand) {
+                Some(p) => (p, PriceSource::Live),
+                None => (row.price, PriceSource::Catalog),
             };
-            offers.push(offer(row, Market::OnDemand, on_demand, on_demand));
+            offers.push(offer(
+                row,
+                Market::OnDemand,
+                (on_demand, od_source),
+                (on_demand, od_source),
+            ));
+            let spot = match price(row, Market::Spot) {
+                Some(p) => Some((p, PriceSource::Live)),
+                None => row.spot_price.map(|p| (p, PriceSource::Catalog)),
+            };
             if let Some(spot) = spot {
-                offers.push(offer(row, Market::Spot, spot, on_demand));
+                offers.push(offer(row, Market::Spot, spot, (on_demand, od_source)));
             }
         }
         if prices.is_some() && live == 0 && !rows.is_empty() {
             tracing::warn!(
+                missing = %summary(&missing),
                 "GCP billing catalog priced none of the offered machine types; offering at catalog prices"
+            );
+        } else if fallbacks > 0 {
+            tracing::warn!(
+                fallbacks, live, missing = %summary(&missing),
+                "GCP billing catalog lacks SKUs for some offers; those keep their catalog prices"
             );
         }
         (offers, live > 0)
     }
 
-    /// GPU SKU prices by (model, region, market), every page of the billing catalog.
-    async fn gpu_prices(&self) -> Result<GpuPrices, String> {
-        let mut url = reqwest::Url::parse(self.billing_endpoint.trim_end_matches('/'))
-            .map_err(|e| format!("billing endpoint {:?}: {e}", self.billing_endpoint))?;
-        url.path_segments_mut()
-            .map_err(|()| format!("billing endpoint {:?}", self.billing_endpoint))?
-            .extend(["v1", "services", COMPUTE_BILLING_SERVICE, "skus"]);
-        let headers = match self.credentials.headers(Default::default()).await {
-            Ok(CacheableResource::New { data, .. }) => data,
-            Ok(CacheableResource::NotModified) => reqwest::header::HeaderMap::new(),
-            Err(e) => return Err(format!("credentials: {e}")),
-        };
-        let mut prices = GpuPrices::default();
-        let mut token = String::new();
-        for _ in 0..MAX_PAGES {
-            let mut page_url = url.clone();
-            {
-                let mut q = page_url.query_pairs_mut();
-                q.append_pair("currencyCode", "USD");
-                q.append_pair("pageSize", BILLING_PAGE_SIZE);
-                if !token.is_empty() {
-                    q.append_pair("pageToken", &token);
-                }
+    /// Component prices from every page of Compute Engine's SKUs in the billing catalog.
+    async fn sku_prices(&self) -> Result<SkuPrices, String> {
+        let mut pages = self
+            .billing
+            .list_skus()
+            .set_parent(format!("services/{COMPUTE_BILLING_SERVICE}"))
+            .set_currency_code("USD")
+            .set_page_size(BILLING_PAGE_SIZE)
+            .with_attempt_timeout(BILLING_TIMEOUT)
+            .by_page();
+        let mut prices = SkuPrices::default();
+        let mut read = 0usize;
+        while let Some(page) = pages.next().await {
+            read += 1;
+            if read > MAX_PAGES {
+                return Err(format!("services.skus.list: more than {MAX_PAGES} pages"));
             }
-            let resp = self
-                .http
-                .get(page_url)
-                .headers(headers.clone())
-                .send()
-                .await
-                .map_err(|e| format!("GET skus: {e}"))?;
-            let status = resp.status();
-            if !status.is_success() {
-                return Err(format!("GET skus: HTTP {status}"));
-            }
-            let page: SkuPage = resp
-                .json()
-                .await
-                .map_err(|e| format!("GET skus: unreadable page: {e}"))?;
+            let page = page.map_err(|e| format!("services.skus.list: {e}"))?;
             for sku in &page.skus {
                 prices.add(sku);
             }
-            if page.next_page_token.is_empty() {
-                return Ok(prices);
-            }
-            token = page.next_page_token;
         }
-        Err(format!("GET skus: more than {MAX_PAGES} pages"))
+        Ok(prices)
     }
 
     /// Waits for a zone operation to finish, at most [`MAX_OPERATION_WAITS`] calls. Returns the
@@ -644,7 +657,28 @@ impl CloudProvider for GcpProvider {
     }
 }
 
-fn offer(row: &CatalogRow, market: Market, price: Micros, on_demand: Micros) -> Offer {
+/// The first few of a list of missing SKUs, for one log line.
+fn summary(missing: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let mut s = missing
+        .iter()
+        .take(SHOWN)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if missing.len() > SHOWN {
+        s.push_str(&format!(" and {} more", missing.len() - SHOWN));
+    }
+    s
+}
+
+/// The offer of a row on a market, at a price and an on-demand price with their sources.
+fn offer(
+    row: &CatalogRow,
+    market: Market,
+    (price, price_source): (Micros, PriceSource),
+    (on_demand, on_demand_source): (Micros, PriceSource),
+) -> Offer {
     Offer {
         cloud: Cloud::Gcp,
         region: Arc::clone(&row.region),
@@ -659,5 +693,7 @@ fn offer(row: &CatalogRow, market: Market, price: Micros, on_demand: Micros) -> 
         on_demand_price: on_demand,
         placement_score: row.placement_score,
         interruption_bucket: row.interruption_bucket.clone(),
+        price_source,
+        on_demand_source,
     }
 }

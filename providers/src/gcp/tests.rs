@@ -1,5 +1,7 @@
-//! The GCP provider against a fake Compute Engine and Cloud Billing (wiremock) answering in
-//! the documented REST shapes; each test checks what the SDK sent as well as what came back.
+//! The GCP provider against a fake Compute Engine and Cloud Billing Catalog (wiremock)
+//! answering in the documented REST shapes (the Catalog's `ListSkusResponse`: `skus[]` with
+//! `name, skuId, description, category, serviceRegions, pricingInfo[]`, and `nextPageToken`);
+//! each test checks what the SDKs sent as well as what came back.
 //! `real_gcp_lists_offers_in_one_zone` talks to Google and runs only when asked to.
 
 use serde_json::{Value, json};
@@ -7,12 +9,12 @@ use spotplane_core::{GpuModel, NodeId};
 use wiremock::matchers::{
     bearer_token, body_partial_json, method, path, query_param, query_param_is_missing,
 };
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
-use super::billing::{Money, sku_gpu_model};
+use super::billing::{Component, GpuSku, Series, classify, current_price_nanos, read_description};
 use super::*;
-use crate::InstanceState;
 use crate::catalog::{self, HEADER};
+use crate::{InstanceState, PriceSource};
 
 const PROJECT: &str = "proj";
 const ZONE: &str = "us-central1-a";
@@ -78,6 +80,8 @@ fn offer_of(instance_type: &str, market: Market, gpu: GpuModel) -> Offer {
         on_demand_price: usd("4.0"),
         placement_score: None,
         interruption_bucket: None,
+        price_source: crate::PriceSource::Catalog,
+        on_demand_source: crate::PriceSource::Catalog,
     }
 }
 
@@ -97,29 +101,36 @@ fn request(offer: Offer) -> ProvisionRequest {
 // ---------------------------------------------------------------------------------------------
 // REST shapes
 
-fn gpu_sku(description: &str, usage: &str, regions: &[&str], units: &str, nanos: i64) -> Value {
+/// One SKU in the documented `Sku` shape. `price` is US dollars per `unit` (`h`, `GiBy.h`).
+fn sku(description: &str, group: &str, usage: &str, unit: &str, price: &str) -> Value {
+    let micros = usd(price).0;
+    let id = format!("{:04X}-{:04X}-0000", description.len(), micros % 0xFFFF);
     json!({
-        "name": "services/6F81-5844-456A/skus/0000-0000-0000",
-        "skuId": "0000-0000-0000",
+        "name": format!("services/6F81-5844-456A/skus/{id}"),
+        "skuId": id,
         "description": description,
         "category": {
             "serviceDisplayName": "Compute Engine",
             "resourceFamily": "Compute",
-            "resourceGroup": "GPU",
+            "resourceGroup": group,
             "usageType": usage
         },
-        "serviceRegions": regions,
+        "serviceRegions": ["us-central1", "us-east1"],
         "pricingInfo": [{
             "summary": "",
             "pricingExpression": {
-                "usageUnit": "h",
+                "usageUnit": unit,
                 "displayQuantity": 1,
                 "tieredRates": [{
                     "startUsageAmount": 0,
-                    "unitPrice": {"currencyCode": "USD", "units": units, "nanos": nanos}
+                    "unitPrice": {
+                        "currencyCode": "USD",
+                        "units": (micros / 1_000_000).to_string(),
+                        "nanos": (micros % 1_000_000) * 1000
+                    }
                 }],
-                "usageUnitDescription": "hour",
-                "baseUnit": "s",
+                "usageUnitDescription": if unit == "h" { "hour" } else { "gibibyte hour" },
+                "baseUnit": if unit == "h" { "s" } else { "By.s" },
                 "baseUnitDescription": "second",
                 "baseUnitConversionFactor": 3600
             },
@@ -130,49 +141,194 @@ fn gpu_sku(description: &str, usage: &str, regions: &[&str], units: &str, nanos:
     })
 }
 
-fn other_sku(description: &str, group: &str, usage: &str) -> Value {
-    let mut s = gpu_sku(description, usage, &["us-central1"], "0", 31_611_000);
-    s["category"]["resourceGroup"] = json!(group);
-    s
+/// A series' core or RAM SKU (`A2 Instance Core running in Americas`, or its
+/// `Spot Preemptible` form).
+fn vm_sku(series: &str, resource: &str, market: Market, price: &str) -> Value {
+    let (group, unit) = match (series, resource) {
+        ("N1 Predefined", _) => (
+            "N1Standard",
+            if resource == "Core" { "h" } else { "GiBy.h" },
+        ),
+        (_, "Core") => ("CPU", "h"),
+        _ => ("RAM", "GiBy.h"),
+    };
+    match market {
+        Market::OnDemand => sku(
+            &format!("{series} Instance {resource} running in Americas"),
+            group,
+            "OnDemand",
+            unit,
+            price,
+        ),
+        Market::Spot => sku(
+            &format!("Spot Preemptible {series} Instance {resource} running in Americas"),
+            group,
+            "Preemptible",
+            unit,
+            price,
+        ),
+    }
 }
 
-/// The A100 at $3.00 on demand and $1.20 on spot in us-central1, over two pages.
+/// A GPU SKU (`Nvidia L4 GPU running in Americas`, or `… attached to Spot Preemptible VMs …`).
+fn gpu_sku(gpu: &str, market: Market, price: &str) -> Value {
+    match market {
+        Market::OnDemand => sku(
+            &format!("{gpu} GPU running in Americas"),
+            "GPU",
+            "OnDemand",
+            "h",
+            price,
+        ),
+        Market::Spot => sku(
+            &format!("{gpu} GPU attached to Spot Preemptible VMs running in Americas"),
+            "GPU",
+            "Preemptible",
+            "h",
+            price,
+        ),
+    }
+}
+
+/// Every SKU of the three GPU machine types in the test catalog, both markets, in us-central1
+/// (see [`live`] for the sums).
+fn priced_skus() -> Vec<Value> {
+    use Market::{OnDemand, Spot};
+    vec![
+        vm_sku("A2", "Core", OnDemand, "0.031611"),
+        vm_sku("A2", "Ram", OnDemand, "0.004237"),
+        gpu_sku("Nvidia Tesla A100", OnDemand, "2.933908"),
+        vm_sku("A2", "Core", Spot, "0.009483"),
+        vm_sku("A2", "Ram", Spot, "0.001271"),
+        gpu_sku("Nvidia Tesla A100", Spot, "1.1"),
+        vm_sku("G2", "Core", OnDemand, "0.024988"),
+        vm_sku("G2", "Ram", OnDemand, "0.002927"),
+        gpu_sku("Nvidia L4", OnDemand, "0.56004"),
+        vm_sku("G2", "Core", Spot, "0.00999"),
+        vm_sku("G2", "Ram", Spot, "0.00117"),
+        gpu_sku("Nvidia L4", Spot, "0.224"),
+        vm_sku("N1 Predefined", "Core", OnDemand, "0.031611"),
+        vm_sku("N1 Predefined", "Ram", OnDemand, "0.004237"),
+        gpu_sku("Nvidia Tesla T4", OnDemand, "0.35"),
+        vm_sku("N1 Predefined", "Core", Spot, "0.00698"),
+        vm_sku("N1 Predefined", "Ram", Spot, "0.000936"),
+        gpu_sku("Nvidia Tesla T4", Spot, "0.14"),
+    ]
+}
+
+/// SKUs that price nothing spotplane sells, or not on these markets, whatever their price.
+fn noise_skus() -> Vec<Value> {
+    vec![
+        sku(
+            "Commitment v1: Nvidia Tesla A100 GPU running in Americas for 1 Year",
+            "GPU",
+            "Commit1Yr",
+            "h",
+            "0.001",
+        ),
+        sku(
+            "Nvidia Tesla T4 Virtual Workstation GPU running in Americas",
+            "GPU",
+            "OnDemand",
+            "h",
+            "0.001",
+        ),
+        sku(
+            "Nvidia L4 GPU attached to DWS Defined Duration VMs running in Americas",
+            "GPU",
+            "OnDemand",
+            "h",
+            "0.001",
+        ),
+        sku(
+            "Reserved A2 Instance Core in Americas in Calendar Mode",
+            "CPU",
+            "OnDemand",
+            "h",
+            "0.001",
+        ),
+        sku(
+            "G2 Custom Instance Core running in Americas",
+            "CPU",
+            "OnDemand",
+            "h",
+            "0.001",
+        ),
+        sku(
+            "Network Vpn Internet Egress from Americas to Africa",
+            "VPNInternetEgress",
+            "OnDemand",
+            "GiBy",
+            "0.12",
+        ),
+    ]
+}
+
+/// The whole-VM prices the SKUs of [`priced_skus`] add up to, per hour.
+fn live(instance_type: &str, market: Market) -> Micros {
+    let dollars = match (instance_type, market) {
+        // 12 × 0.031611 + 85 × 0.004237 + 2.933908
+        ("a2-highgpu-1g", Market::OnDemand) => "3.673385",
+        // 12 × 0.009483 + 85 × 0.001271 + 1.1
+        ("a2-highgpu-1g", Market::Spot) => "1.321831",
+        // 4 × 0.024988 + 16 × 0.002927 + 0.56004
+        ("g2-standard-4", Market::OnDemand) => "0.706824",
+        // 4 × 0.00999 + 16 × 0.00117 + 0.224
+        ("g2-standard-4", Market::Spot) => "0.28268",
+        // 8 × 0.031611 + 30 × 0.004237 + 0.35
+        ("n1-standard-8", Market::OnDemand) => "0.729998",
+        // 8 × 0.00698 + 30 × 0.000936 + 0.14
+        ("n1-standard-8", Market::Spot) => "0.22392",
+        other => panic!("no live price for {other:?}"),
+    };
+    usd(dollars)
+}
+
+/// Matches a page request by its `pageToken` (absent and empty are the first page).
+fn page_token(token: &'static str) -> impl Fn(&Request) -> bool {
+    move |r: &Request| {
+        r.url
+            .query_pairs()
+            .find(|(k, _)| k == "pageToken")
+            .map_or(String::new(), |(_, v)| v.into_owned())
+            == token
+    }
+}
+
+/// Serves `skus` as pages of `per_page`, linked by `nextPageToken`; each page expected once.
+async fn mount_sku_pages(server: &MockServer, skus: Vec<Value>, per_page: usize) {
+    let pages: Vec<&[Value]> = skus.chunks(per_page).collect();
+    const TOKENS: [&str; 8] = [
+        "", "page-2", "page-3", "page-4", "page-5", "page-6", "page-7", "page-8",
+    ];
+    assert!(pages.len() <= TOKENS.len());
+    for (i, page) in pages.iter().enumerate() {
+        let next = TOKENS
+            .get(i + 1)
+            .filter(|_| i + 1 < pages.len())
+            .copied()
+            .unwrap_or("");
+        Mock::given(method("GET"))
+            .and(path(SKUS))
+            .and(query_param("currencyCode", "USD"))
+            .and(query_param("pageSize", "5000"))
+            .and(page_token(TOKENS[i]))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "skus": page,
+                "nextPageToken": next
+            })))
+            .expect(1)
+            .mount(server)
+            .await;
+    }
+}
+
+/// Every priced SKU and the noise, over three pages.
 async fn mount_billing_pages(server: &MockServer) {
-    Mock::given(method("GET"))
-        .and(path(SKUS))
-        .and(query_param("currencyCode", "USD"))
-        .and(query_param_is_missing("pageToken"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "skus": [
-                gpu_sku("Nvidia Tesla A100 GPU running in Americas", "OnDemand",
-                        &["us-central1", "us-east1"], "3", 0),
-                other_sku("A2 Instance Core running in Americas", "CPU", "OnDemand"),
-                gpu_sku("Nvidia Tesla A100 80GB GPU running in Americas", "OnDemand",
-                        &["us-central1"], "3", 900_000_000),
-            ],
-            "nextPageToken": "page-2"
-        })))
-        .expect(1)
-        .mount(server)
-        .await;
-    Mock::given(method("GET"))
-        .and(path(SKUS))
-        .and(query_param("currencyCode", "USD"))
-        .and(query_param("pageToken", "page-2"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "skus": [
-                gpu_sku("Spot Preemptible Nvidia Tesla A100 GPU running in Americas",
-                        "Preemptible", &["us-central1", "us-east1"], "1", 200_000_000),
-                gpu_sku("Commitment v1: Nvidia Tesla A100 GPU in Americas for 1 Year",
-                        "Commit1Yr", &["us-central1"], "0", 100_000_000),
-                gpu_sku("Nvidia Tesla T4 Virtual Workstation GPU running in Americas",
-                        "Preemptible", &["us-central1"], "0", 1_000),
-            ],
-            "nextPageToken": ""
-        })))
-        .expect(1)
-        .mount(server)
-        .await;
+    let mut skus = priced_skus();
+    skus.extend(noise_skus());
+    let per_page = skus.len().div_ceil(3);
+    mount_sku_pages(server, skus, per_page).await;
 }
 
 fn operation(name: &str, status: &str) -> Value {
@@ -246,33 +402,146 @@ fn find<'a>(offers: &'a [Offer], instance_type: &str, market: Market) -> &'a Off
 // Offers
 
 #[tokio::test]
-async fn offers_price_spot_from_the_gpu_skus_read_over_every_billing_page() {
+async fn offers_are_priced_from_skus_read_over_every_billing_page() {
     let server = MockServer::start().await;
     mount_billing_pages(&server).await;
     let offers = provider(&server).await.list_offers().await.expect("offers");
+    // Each of the three pages asked for once, with currencyCode=USD and pageSize=5000.
     server.verify().await;
+    let asked = server.received_requests().await.expect("recording");
+    assert_eq!(asked.len(), 3, "{asked:#?}");
 
     // The configured zone only, GPU types only, each on both markets.
     assert_eq!(offers.len(), 6, "{offers:#?}");
     assert!(offers.iter().all(|o| &*o.zone == ZONE && o.gpu_count > 0));
+    for t in ["a2-highgpu-1g", "g2-standard-4", "n1-standard-8"] {
+        for m in [Market::OnDemand, Market::Spot] {
+            let o = find(&offers, t, m);
+            assert_eq!(o.price, live(t, m), "{t} {m}");
+            assert_eq!(o.price_source, PriceSource::Live, "{t} {m}");
+            assert_eq!(o.on_demand_price, live(t, Market::OnDemand), "{t} {m}");
+            assert_eq!(o.on_demand_source, PriceSource::Live, "{t} {m}");
+        }
+    }
+    assert_eq!(
+        find(&offers, "a2-highgpu-1g", Market::Spot).memory_mib,
+        85 * 1024
+    );
+}
 
-    // A100: the catalog's $4.00 on demand, spot at the live GPU ratio 1.20/3.00.
+/// The spot price is the Spot SKUs' sum, to the micro-dollar, not a ratio of on-demand.
+#[tokio::test]
+async fn spot_prices_are_the_spot_skus_summed_exactly() {
+    let server = MockServer::start().await;
+    use Market::{OnDemand, Spot};
+    let skus = vec![
+        vm_sku("A2", "Core", OnDemand, "0.031611"),
+        vm_sku("A2", "Ram", OnDemand, "0.004237"),
+        gpu_sku("Nvidia Tesla A100", OnDemand, "2.933908"),
+        vm_sku("A2", "Core", Spot, "0.012345"),
+        vm_sku("A2", "Ram", Spot, "0.000321"),
+        gpu_sku("Nvidia Tesla A100", Spot, "0.987654"),
+    ];
+    mount_sku_pages(&server, skus, 10).await;
+    let offers = provider(&server).await.list_offers().await.expect("offers");
+    let spot = find(&offers, "a2-highgpu-1g", Spot);
+    // 12 vCPUs, 85 GiB, 1 A100, in micro-dollars.
+    assert_eq!(spot.price, Micros(12 * 12_345 + 85 * 321 + 987_654));
+    assert_eq!(spot.price_source, PriceSource::Live);
+    assert_eq!(
+        spot.on_demand_price,
+        Micros(12 * 31_611 + 85 * 4_237 + 2_933_908)
+    );
+    // Not derived: the on-demand price times the GPU's spot ratio would be about $1.24.
+    assert_ne!(spot.price, spot.on_demand_price.scale(987_654, 2_933_908));
+    // The other types have no SKUs here: their catalog prices, and the offers say so.
+    let g2 = find(&offers, "g2-standard-4", Spot);
+    assert_eq!(g2.price, usd("0.3"));
+    assert_eq!(g2.price_source, PriceSource::Catalog);
+}
+
+#[tokio::test]
+async fn a_missing_sku_leaves_that_row_and_market_at_the_catalog_price_and_says_so() {
+    let server = MockServer::start().await;
+    let skus: Vec<Value> = priced_skus()
+        .into_iter()
+        .filter(|s| s["description"] != "Spot Preemptible G2 Instance Ram running in Americas")
+        .collect();
+    mount_sku_pages(&server, skus, 100).await;
+    let offers = provider(&server).await.list_offers().await.expect("offers");
+
+    let spot = find(&offers, "g2-standard-4", Market::Spot);
+    assert_eq!(spot.price, usd("0.3"), "the catalog's spot price");
+    assert_eq!(spot.price_source, PriceSource::Catalog);
+    // Its on-demand price is whole, so live, on both of its offers.
+    assert_eq!(
+        spot.on_demand_price,
+        live("g2-standard-4", Market::OnDemand)
+    );
+    assert_eq!(spot.on_demand_source, PriceSource::Live);
+    let od = find(&offers, "g2-standard-4", Market::OnDemand);
+    assert_eq!(od.price, live("g2-standard-4", Market::OnDemand));
+    assert_eq!(od.price_source, PriceSource::Live);
+    // The rows whose SKUs are all there are live.
     let a2 = find(&offers, "a2-highgpu-1g", Market::Spot);
-    assert_eq!(a2.price, usd("1.6"));
-    assert_eq!(a2.on_demand_price, usd("4.0"));
-    assert_eq!(a2.memory_mib, 85 * 1024);
+    assert_eq!(a2.price, live("a2-highgpu-1g", Market::Spot));
+    assert_eq!(a2.price_source, PriceSource::Live);
+}
+
+#[tokio::test]
+async fn a_price_change_shows_once_the_cache_has_expired() {
+    let server = MockServer::start().await;
+    mount_sku_pages(&server, priced_skus(), 100).await;
+    let p = provider(&server).await;
+    let before = p.list_offers().await.expect("offers");
     assert_eq!(
-        find(&offers, "a2-highgpu-1g", Market::OnDemand).price,
-        usd("4.0")
+        find(&before, "a2-highgpu-1g", Market::Spot).price,
+        live("a2-highgpu-1g", Market::Spot)
     );
-    // L4 and T4 have no SKUs here: catalog prices.
-    assert_eq!(
-        find(&offers, "g2-standard-4", Market::Spot).price,
-        usd("0.3")
+    server.verify().await;
+
+    // Google lowers the A100's spot price from $1.10 to $0.95.
+    server.reset().await;
+    let changed: Vec<Value> = priced_skus()
+        .into_iter()
+        .map(|s| {
+            if s["description"]
+                == "Nvidia Tesla A100 GPU attached to Spot Preemptible VMs running in Americas"
+            {
+                gpu_sku("Nvidia Tesla A100", Market::Spot, "0.95")
+            } else {
+                s
+            }
+        })
+        .collect();
+    mount_sku_pages(&server, changed, 100).await;
+
+    // Still cached: the old price, and no call.
+    let cached = p.list_offers().await.expect("offers");
+    assert_eq!(cached, before);
+    assert!(
+        server
+            .received_requests()
+            .await
+            .expect("recording")
+            .is_empty()
     );
+
+    // The refresh period passes (on tokio's clock; nothing sleeps).
+    tokio::time::pause();
+    tokio::time::advance(PRICE_REFRESH + Duration::from_secs(1)).await;
+    tokio::time::resume();
+    let after = p.list_offers().await.expect("offers");
+    server.verify().await;
+    let spot = find(&after, "a2-highgpu-1g", Market::Spot);
     assert_eq!(
-        find(&offers, "n1-standard-8", Market::OnDemand).price,
-        usd("0.73")
+        spot.price,
+        live("a2-highgpu-1g", Market::Spot) - usd("0.15")
+    );
+    assert_eq!(spot.price_source, PriceSource::Live);
+    assert_eq!(
+        find(&after, "a2-highgpu-1g", Market::OnDemand).price,
+        live("a2-highgpu-1g", Market::OnDemand)
     );
 }
 
@@ -295,6 +564,10 @@ async fn a_failing_billing_api_leaves_the_catalog_prices() {
         find(&offers, "a2-highgpu-1g", Market::Spot).on_demand_price,
         usd("4.0")
     );
+    assert!(
+        offers.iter().all(|o| o.price_source == PriceSource::Catalog
+            && o.on_demand_source == PriceSource::Catalog)
+    );
 }
 
 #[tokio::test]
@@ -303,7 +576,7 @@ async fn a_billing_answer_that_prices_nothing_leaves_the_catalog_prices() {
     Mock::given(method("GET"))
         .and(path(SKUS))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "skus": [other_sku("G2 Instance Core running in Americas", "CPU", "OnDemand")]
+            "skus": [vm_sku("G2", "Core", Market::OnDemand, "0.024988")]
         })))
         .mount(&server)
         .await;
@@ -943,12 +1216,7 @@ async fn credentials_reach_compute_engine_and_the_billing_api() {
     Mock::given(method("GET"))
         .and(path(SKUS))
         .and(bearer_token("ya29.fake-token"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "skus": [
-                gpu_sku("Nvidia Tesla A100 GPU running in Americas", "OnDemand", &["us-central1"], "3", 0),
-                gpu_sku("Spot Preemptible Nvidia Tesla A100 GPU running in Americas", "Preemptible", &["us-central1"], "1", 200_000_000),
-            ]
-        })))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"skus": priced_skus()})))
         .expect(1)
         .mount(&server)
         .await;
@@ -977,7 +1245,7 @@ async fn credentials_reach_compute_engine_and_the_billing_api() {
     let offers = p.list_offers().await.expect("offers");
     assert_eq!(
         find(&offers, "a2-highgpu-1g", Market::Spot).price,
-        usd("1.6")
+        live("a2-highgpu-1g", Market::Spot)
     );
     assert!(
         p.list_instances(&BTreeMap::new())
@@ -1058,48 +1326,415 @@ fn provider_ids_name_the_zone_and_the_instance() {
     assert_eq!(parse_provider_id("zones/a/instances/"), None);
 }
 
-#[test]
-fn gpu_skus_are_recognised_by_their_exact_names() {
-    let cases = [
-        (
-            "Nvidia Tesla A100 GPU running in Americas",
-            Some(GpuModel::A100_40GB),
-        ),
-        (
-            "Spot Preemptible Nvidia Tesla A100 80GB GPU running in EMEA",
-            Some(GpuModel::A100_80GB),
-        ),
-        (
-            "Nvidia H100 80GB GPU running in Americas",
-            Some(GpuModel::H100_80GB),
-        ),
-        ("Nvidia L4 GPU running in APAC", Some(GpuModel::L4)),
-        (
-            "Nvidia Tesla T4 Virtual Workstation GPU running in Americas",
-            None,
-        ),
-        (
-            "Commitment v1: Nvidia Tesla A100 GPU in Americas for 1 Year",
-            None,
-        ),
-    ];
-    for (d, want) in cases {
-        assert_eq!(sku_gpu_model(d), want, "{d}");
-    }
+/// A SKU as the SDK reads it from the documented JSON shape.
+fn sdk_sku(v: Value) -> google_cloud_billing_v1::model::Sku {
+    serde_json::from_value(v).expect("a Sku")
 }
 
 #[test]
-fn billing_money_is_read_exactly() {
-    let m: Money =
-        serde_json::from_value(json!({"currencyCode": "USD", "units": "2", "nanos": 933_908_000}))
-            .expect("money");
-    assert_eq!(m.micros(), Some(usd("2.933908")));
-    let m: Money = serde_json::from_value(json!({"currencyCode": "USD", "nanos": 350_000_000}))
-        .expect("money");
-    assert_eq!(m.micros(), Some(usd("0.35")));
-    let m: Money =
-        serde_json::from_value(json!({"currencyCode": "EUR", "units": "1"})).expect("money");
-    assert_eq!(m.micros(), None);
+fn skus_are_recognised_by_description_and_category() {
+    use Market::{OnDemand, Spot};
+    let cases = [
+        (
+            sku(
+                "A2 Instance Core running in Americas",
+                "CPU",
+                "OnDemand",
+                "h",
+                "0.03",
+            ),
+            Some((Component::Core(Series::A2), OnDemand)),
+        ),
+        (
+            sku(
+                "Spot Preemptible A3 Instance Ram running in Belgium",
+                "RAM",
+                "Preemptible",
+                "GiBy.h",
+                "0.001",
+            ),
+            Some((Component::Ram(Series::A3High), Spot)),
+        ),
+        (
+            sku(
+                "A3Plus Instance Core running in Americas",
+                "CPU",
+                "OnDemand",
+                "h",
+                "0.03",
+            ),
+            Some((Component::Core(Series::A3Mega), OnDemand)),
+        ),
+        (
+            sku(
+                "N1 Predefined Instance Ram running in Americas",
+                "N1Standard",
+                "OnDemand",
+                "GiBy.h",
+                "0.004",
+            ),
+            Some((Component::Ram(Series::N1), OnDemand)),
+        ),
+        (
+            sku(
+                "Spot Preemptible G2 Instance Core running in Iowa",
+                "CPU",
+                "Preemptible",
+                "h",
+                "0.01",
+            ),
+            Some((Component::Core(Series::G2), Spot)),
+        ),
+        (
+            sku(
+                "Nvidia L4 GPU attached to Spot Preemptible VMs running in Virginia",
+                "GPU",
+                "Preemptible",
+                "h",
+                "0.2",
+            ),
+            Some((Component::Gpu(GpuSku::L4), Spot)),
+        ),
+        (
+            sku(
+                "Nvidia Tesla A100 80GB GPU running in Americas",
+                "GPU",
+                "OnDemand",
+                "h",
+                "3.9",
+            ),
+            Some((Component::Gpu(GpuSku::A100_80), OnDemand)),
+        ),
+        (
+            sku(
+                "Nvidia H100 80GB GPU running in Americas",
+                "GPU",
+                "OnDemand",
+                "h",
+                "9.8",
+            ),
+            Some((Component::Gpu(GpuSku::H100), OnDemand)),
+        ),
+        (
+            sku(
+                "Nvidia H100 80GB Plus GPU running in Americas",
+                "GPU",
+                "OnDemand",
+                "h",
+                "10.3",
+            ),
+            Some((Component::Gpu(GpuSku::H100Mega), OnDemand)),
+        ),
+        (
+            sku(
+                "Nvidia H100 80GB Mega GPU attached to Spot Preemptible VMs running in Tokyo",
+                "GPU",
+                "Preemptible",
+                "h",
+                "9.3",
+            ),
+            Some((Component::Gpu(GpuSku::H100Mega), Spot)),
+        ),
+        (
+            sku(
+                "H200 141GB GPU running in Netherlands",
+                "GPU",
+                "OnDemand",
+                "h",
+                "10.5",
+            ),
+            Some((Component::Gpu(GpuSku::H200), OnDemand)),
+        ),
+        (
+            sku(
+                "A4 Nvidia B200 (1 gpu slice) running in Americas",
+                "GPU",
+                "OnDemand",
+                "h",
+                "16.11",
+            ),
+            Some((Component::Gpu(GpuSku::B200Slice), OnDemand)),
+        ),
+        // A spot SKU filed as OnDemand is still spot.
+        (
+            sku(
+                "Spot Preemptible A4 Nvidia B200 (1 gpu slice) running in Americas",
+                "GPU",
+                "OnDemand",
+                "h",
+                "4.9542",
+            ),
+            Some((Component::Gpu(GpuSku::B200Slice), Spot)),
+        ),
+        // The old guess at the H200's name is not Google's.
+        (
+            sku(
+                "Nvidia H200 141GB GPU running in Americas",
+                "GPU",
+                "OnDemand",
+                "h",
+                "10",
+            ),
+            None,
+        ),
+        // Right name, wrong category.
+        (
+            sku(
+                "A2 Instance Core running in Americas",
+                "RAM",
+                "OnDemand",
+                "h",
+                "0.03",
+            ),
+            None,
+        ),
+        (
+            sku(
+                "Nvidia L4 GPU running in Americas",
+                "GPU",
+                "Commit1Yr",
+                "h",
+                "0.3",
+            ),
+            None,
+        ),
+        // Variants that are not the plain component's price.
+        (
+            sku(
+                "Nvidia Tesla T4 Virtual Workstation GPU running in Americas",
+                "GPU",
+                "OnDemand",
+                "h",
+                "0.5",
+            ),
+            None,
+        ),
+        (
+            sku(
+                "Nvidia H100 Mega 80GB GPU attached to DWS Defined Duration VMs running in Americas",
+                "GPU",
+                "OnDemand",
+                "h",
+                "4.4",
+            ),
+            None,
+        ),
+        (
+            sku(
+                "Reserved Nvidia H100 80GB Mega GPU in Americas in Calendar Mode",
+                "GPU",
+                "OnDemand",
+                "h",
+                "4.8",
+            ),
+            None,
+        ),
+        (
+            sku(
+                "DWS Calendar Mode A4 Nvidia B200 (1 gpu slice) running in Americas",
+                "GPU",
+                "OnDemand",
+                "h",
+                "9",
+            ),
+            None,
+        ),
+        (
+            sku(
+                "Commitment v1: A2 Cpu in Americas for 1 Year",
+                "CPU",
+                "Commit1Yr",
+                "h",
+                "0.02",
+            ),
+            None,
+        ),
+        (
+            sku(
+                "G2 Custom Instance Core running in Americas",
+                "CPU",
+                "OnDemand",
+                "h",
+                "0.03",
+            ),
+            None,
+        ),
+    ];
+    for (v, want) in cases {
+        let description = v["description"].as_str().unwrap_or_default().to_owned();
+        assert_eq!(classify(&sdk_sku(v)), want, "{description}");
+    }
+    let mut not_compute = sku(
+        "A2 Instance Core running in Americas",
+        "CPU",
+        "OnDemand",
+        "h",
+        "0.03",
+    );
+    not_compute["category"]["resourceFamily"] = json!("Storage");
+    assert_eq!(classify(&sdk_sku(not_compute)), None);
+    assert_eq!(
+        read_description("Spot Preemptible A2 Instance Ram running in Americas"),
+        Some(("a2 instance ram".to_owned(), true))
+    );
+    assert_eq!(read_description("Reserved A2 Ram in Netherlands"), None);
+}
+
+/// Each machine series is priced from its own SKUs: A3 Mega from `A3Plus` and the Mega GPU,
+/// A4 from its GPU slice alone, A3 Ultra from the H200 under either spot spelling.
+#[test]
+fn whole_vm_prices_follow_the_machine_series() {
+    use super::billing::SkuPrices;
+    use Market::{OnDemand, Spot};
+    let text = format!(
+        "{HEADER}\n\
+         a3-highgpu-8g,208,1872,H100-80GB,8,us-central1,us-central1-a,88.0,30.0,,\n\
+         a3-megagpu-8g,208,1872,H100-80GB,8,us-central1,us-central1-a,92.0,31.0,,\n\
+         a3-ultragpu-8g,224,2952,H200-141GB,8,us-central1,us-central1-a,84.0,30.0,,\n\
+         a4-highgpu-8g,224,3968,B200-180GB,8,us-central1,us-central1-a,130.0,40.0,,\n\
+         g4-standard-48,48,180,RTX-PRO-6000,1,us-central1,us-central1-a,4.5,1.8,,\n\
+         n1-standard-4,4,15,V100-16GB,1,us-central1,us-central1-a,2.7,0.9,,\n\
+         e2-standard-4,4,16,,,us-central1,us-central1-a,0.13,0.04,,\n"
+    );
+    let rows = catalog::parse(&text, "test").expect("catalog");
+    let row = |t: &str| rows.iter().find(|r| &*r.instance_type == t).expect("row");
+    let mut prices = SkuPrices::default();
+    for v in [
+        vm_sku("A3", "Core", OnDemand, "0.02"),
+        vm_sku("A3", "Ram", OnDemand, "0.002"),
+        gpu_sku("Nvidia H100 80GB", OnDemand, "9.8"),
+        vm_sku("A3Plus", "Core", OnDemand, "0.03"),
+        vm_sku("A3Plus", "Ram", OnDemand, "0.003"),
+        gpu_sku("Nvidia H100 80GB Plus", OnDemand, "10.3"),
+        vm_sku("A3Ultra", "Core", Spot, "0.01"),
+        vm_sku("A3Ultra", "Ram", Spot, "0.001"),
+        sku(
+            "Spot Preemptible H200 141GB GPU running in Americas",
+            "GPU",
+            "Preemptible",
+            "h",
+            "3.5",
+        ),
+        sku(
+            "A4 Nvidia B200 (1 gpu slice) running in Americas",
+            "GPU",
+            "OnDemand",
+            "h",
+            "16.11",
+        ),
+        sku(
+            "Spot Preemptible A4 Nvidia B200 (1 gpu slice) running in Americas",
+            "GPU",
+            "Preemptible",
+            "h",
+            "4.9542",
+        ),
+        vm_sku("G4", "Core", OnDemand, "0.04"),
+        vm_sku("G4", "Ram", OnDemand, "0.004"),
+        sku(
+            "RTX 6000 96GB running in Americas",
+            "GPU",
+            "OnDemand",
+            "h",
+            "2.5",
+        ),
+        vm_sku("N1 Predefined", "Core", OnDemand, "0.031611"),
+        vm_sku("N1 Predefined", "Ram", OnDemand, "0.004237"),
+        gpu_sku("Nvidia Tesla V100", OnDemand, "2.48"),
+    ] {
+        prices.add(&sdk_sku(v));
+    }
+    let price = |t: &str, m: Market| prices.vm_price(row(t), m);
+    assert_eq!(
+        price("a3-highgpu-8g", OnDemand),
+        Ok(usd("86.304")) // 208 × 0.02 + 1872 × 0.002 + 8 × 9.8
+    );
+    assert_eq!(
+        price("a3-megagpu-8g", OnDemand),
+        Ok(usd("94.256")) // 208 × 0.03 + 1872 × 0.003 + 8 × 10.3
+    );
+    assert_eq!(
+        price("a3-ultragpu-8g", Spot),
+        Ok(usd("33.192")) // 224 × 0.01 + 2952 × 0.001 + 8 × 3.5
+    );
+    assert_eq!(price("a4-highgpu-8g", OnDemand), Ok(usd("128.88"))); // 8 × 16.11
+    assert_eq!(price("a4-highgpu-8g", Spot), Ok(usd("39.6336"))); // 8 × 4.9542
+    assert_eq!(
+        price("g4-standard-48", OnDemand),
+        Ok(usd("5.14")) // 48 × 0.04 + 180 × 0.004 + 2.5
+    );
+    assert_eq!(
+        price("n1-standard-4", OnDemand),
+        Ok(usd("2.669999")) // 4 × 0.031611 + 15 × 0.004237 + 2.48
+    );
+    // What is missing is named.
+    assert_eq!(
+        price("a3-highgpu-8g", Spot),
+        Err(vec![
+            "A3 Instance Core (spot, us-central1)".to_owned(),
+            "A3 Instance Ram (spot, us-central1)".to_owned(),
+            "Nvidia H100 80GB GPU (spot, us-central1)".to_owned(),
+        ])
+    );
+    assert_eq!(
+        price("e2-standard-4", OnDemand),
+        Err(vec![
+            "no SKU mapping for e2-standard-4 with no GPU".to_owned()
+        ])
+    );
+    // The other spelling of a spot H200.
+    let mut other = SkuPrices::default();
+    for v in [
+        vm_sku("A3Ultra", "Core", Spot, "0.01"),
+        vm_sku("A3Ultra", "Ram", Spot, "0.001"),
+        gpu_sku("H200 141GB", Spot, "3.5"),
+    ] {
+        other.add(&sdk_sku(v));
+    }
+    assert_eq!(
+        other.vm_price(row("a3-ultragpu-8g"), Spot),
+        Ok(usd("33.192"))
+    );
+}
+
+#[test]
+fn sku_prices_are_read_exactly_from_the_current_usd_tier() {
+    let one = |units: Value, nanos: i64, currency: &str, unit: &str| {
+        let mut v = sku(
+            "A2 Instance Core running in Americas",
+            "CPU",
+            "OnDemand",
+            unit,
+            "1",
+        );
+        v["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"] =
+            json!({"currencyCode": currency, "units": units, "nanos": nanos});
+        current_price_nanos(&sdk_sku(v), "h")
+    };
+    assert_eq!(
+        one(json!("2"), 933_908_000, "USD", "h"),
+        Some(2_933_908_000)
+    );
+    assert_eq!(one(json!("0"), 31_611_001, "USD", "h"), Some(31_611_001));
+    assert_eq!(one(json!("1"), 0, "EUR", "h"), None);
+    assert_eq!(one(json!("1"), 0, "USD", "GiBy.h"), None, "another unit");
+    assert_eq!(one(json!("0"), 0, "USD", "h"), None, "free is no price");
+
+    // The last entry of the pricing timeline is the current price; a tier from 0 is read.
+    let mut v = sku(
+        "A2 Instance Core running in Americas",
+        "CPU",
+        "OnDemand",
+        "h",
+        "0.5",
+    );
+    let mut newer = v["pricingInfo"][0].clone();
+    newer["pricingExpression"]["tieredRates"] = json!([
+        {"startUsageAmount": 0, "unitPrice": {"currencyCode": "USD", "units": "0", "nanos": 400_000_000}},
+        {"startUsageAmount": 100, "unitPrice": {"currencyCode": "USD", "units": "0", "nanos": 300_000_000}}
+    ]);
+    v["pricingInfo"] = json!([v["pricingInfo"][0].clone(), newer]);
+    assert_eq!(current_price_nanos(&sdk_sku(v), "h"), Some(400_000_000));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1138,10 +1773,13 @@ async fn real_gcp_lists_offers_in_one_zone() {
         .await
         .expect("builds");
     let prices = p
-        .gpu_prices()
+        .sku_prices()
         .await
         .expect("the billing catalog is readable");
-    assert!(!prices.0.is_empty(), "the billing catalog priced no GPU");
+    assert!(
+        !prices.0.is_empty(),
+        "the billing catalog priced no component"
+    );
     let offers = p.list_offers().await.expect("offers");
     assert!(!offers.is_empty(), "no offers in {zone}");
     assert!(offers.iter().all(|o| *o.zone == *zone));

@@ -801,6 +801,8 @@ impl CloudProvider for SimCloud {
                 on_demand_price: on_demand,
                 placement_score: row.placement_score,
                 interruption_bucket: row.interruption_bucket.clone(),
+                price_source: crate::PriceSource::Live,
+                on_demand_source: crate::PriceSource::Live,
             };
             if let Some(spot) = self.spot_price(i, now) {
                 out.push(Offer {

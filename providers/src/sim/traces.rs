@@ -226,7 +226,9 @@ pub fn parse_gcp_history(
     let mut out: BTreeMap<(String, String), Vec<PricePoint>> = BTreeMap::new();
     for (i, line) in text.lines().enumerate().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
-        if f.len() < 10 {
+        // Machine types the catalog prices from elsewhere: their history is not theirs to replay
+        // (A3 Mega's rows stop in 2024-08 without the GPUs' price).
+        if f.len() < 10 || crate::catalog::GCP_FROM_SKYPILOT.contains(&f[2]) {
             continue;
         }
         let bad = |m: String| TraceError::Bad {
