@@ -38,6 +38,8 @@ const MAX_PAGES: usize = 200;
 
 /// A token is renewed when it has less than this left.
 const TOKEN_REFRESH_MARGIN: TimeDuration = TimeDuration::minutes(5);
+/// The longest a token fetch may take, its own retries included (see `Token::get`).
+pub const TOKEN_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Why a Resource Manager call failed, before it is turned into a `ProviderError`.
 #[derive(Debug, Clone, PartialEq)]
@@ -436,10 +438,16 @@ impl TokenSource {
         {
             return Ok(t.clone());
         }
-        let token = self
-            .credential
-            .get_token(&[self.scope.as_str()], None)
+        // azure_identity retries inside a token fetch (managed identity up to six times in
+        // about 72 s, a service principal eight in 60 s) and cannot be told not to: the fetch
+        // is bounded here, so one call path keeps one retry policy, the decorator's.
+        let fetch = self.credential.get_token(&[self.scope.as_str()], None);
+        let token = tokio::time::timeout(TOKEN_FETCH_TIMEOUT, fetch)
             .await
+            .map_err(|_| ArmError::Credential {
+                message: format!("no token within {TOKEN_FETCH_TIMEOUT:?}"),
+                retryable: true,
+            })?
             .map_err(|e| {
                 let retryable = matches!(
                     e.kind(),

@@ -315,7 +315,11 @@ impl AzureProvider {
 
 /// The spot and on-demand offers of one catalog row with the best prices known.
 fn offers_of(row: &CatalogRow, region: &Arc<str>, live: SizePrices) -> Vec<Offer> {
-    let on_demand = live.on_demand.unwrap_or(row.price);
+    use crate::PriceSource::{Catalog, Live};
+    let (on_demand, on_demand_source) = match live.on_demand {
+        Some(p) => (p, Live),
+        None => (row.price, Catalog),
+    };
     let base = Offer {
         cloud: Cloud::Azure,
         region: Arc::clone(region),
@@ -330,14 +334,20 @@ fn offers_of(row: &CatalogRow, region: &Arc<str>, live: SizePrices) -> Vec<Offer
         on_demand_price: on_demand,
         placement_score: row.placement_score,
         interruption_bucket: row.interruption_bucket.clone(),
-        price_source: crate::PriceSource::Catalog,
-        on_demand_source: crate::PriceSource::Catalog,
+        price_source: on_demand_source,
+        on_demand_source,
     };
     let mut out = Vec::with_capacity(2);
-    if let Some(spot) = live.spot.or(row.spot_price) {
+    let spot = match (live.spot, row.spot_price) {
+        (Some(p), _) => Some((p, Live)),
+        (None, Some(p)) => Some((p, Catalog)),
+        (None, None) => None,
+    };
+    if let Some((spot, price_source)) = spot {
         out.push(Offer {
             market: Market::Spot,
             price: spot,
+            price_source,
             ..base.clone()
         });
     }

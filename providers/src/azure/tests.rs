@@ -12,6 +12,8 @@ use azure_core::credentials::{AccessToken, TokenCredential, TokenRequestOptions}
 use azure_core::time::{Duration as TimeDuration, OffsetDateTime};
 use serde_json::{Value, json};
 use spotplane_core::{Cloud, GpuModel, Market, Micros, NodeId};
+
+use crate::PriceSource;
 use wiremock::matchers::{header, method, path, query_param, query_param_is_missing};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
@@ -815,14 +817,18 @@ async fn offers_take_live_prices_across_pages_and_the_catalog_where_a_price_is_m
         find(&offers, a100, "eastus-1", Market::OnDemand).price,
         Micros(3_673_000)
     );
-    // T4: the live on-demand price, the catalog's spot price (the API had none).
+    assert_eq!(spot.price_source, PriceSource::Live);
+    assert_eq!(spot.on_demand_source, PriceSource::Live);
+    // T4: the live on-demand price, the catalog's spot price (the API had none), and the
+    // offer says which is which.
+    let t4_od = find(&offers, t4, "eastus-1", Market::OnDemand);
+    assert_eq!(t4_od.price, Micros(1_200_000));
+    assert_eq!(t4_od.on_demand_source, PriceSource::Live);
+    let t4_spot = find(&offers, t4, "eastus-1", Market::Spot);
+    assert_eq!(t4_spot.price, Micros(143_517));
     assert_eq!(
-        find(&offers, t4, "eastus-1", Market::OnDemand).price,
-        Micros(1_200_000)
-    );
-    assert_eq!(
-        find(&offers, t4, "eastus-1", Market::Spot).price,
-        Micros(143_517)
+        (t4_spot.price_source, t4_spot.on_demand_source),
+        (PriceSource::Catalog, PriceSource::Live)
     );
 
     let gets = requests(&server, "GET").await;
@@ -1012,4 +1018,56 @@ async fn real_azure_lists_offers_and_instances_and_terminates_idempotently() {
     ))
     .await
     .expect("a VM that does not exist is terminated");
+}
+
+/// Serves one page of retail prices: the A100 size on demand at `usd`, spot at a fifth of it.
+async fn serve_a100_at(server: &MockServer, usd: f64) {
+    let a100 = "Standard_NC24ads_A100_v4";
+    server.reset().await;
+    Mock::given(method("GET"))
+        .and(path("/api/retail/prices"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "Items": [
+                price(a100, "NC24ads A100 v4", "Virtual Machines NCads A100 v4 Series", "Consumption", usd),
+                price(a100, "NC24ads A100 v4 Spot", "Virtual Machines NCads A100 v4 Series", "Consumption", usd / 5.0),
+            ],
+            "NextPageLink": null,
+        })))
+        .mount(server)
+        .await;
+}
+
+#[tokio::test]
+async fn a_price_change_is_read_once_the_offers_expire() {
+    let server = MockServer::start().await;
+    let a100 = "Standard_NC24ads_A100_v4";
+    serve_a100_at(&server, 3.673).await;
+    let p = provider(&server);
+    let od = |offers: &[Offer]| find(offers, a100, "eastus-1", Market::OnDemand).price;
+    assert_eq!(
+        od(&p.list_offers().await.expect("offers")),
+        Micros(3_673_000)
+    );
+
+    // Azure changes the price: the offers in memory stand until they expire.
+    serve_a100_at(&server, 3.2).await;
+    assert_eq!(
+        od(&p.list_offers().await.expect("cached")),
+        Micros(3_673_000)
+    );
+    assert!(
+        requests(&server, "GET").await.is_empty(),
+        "served from memory"
+    );
+    // Five minutes pass on tokio's clock (nothing sleeps).
+    tokio::time::pause();
+    tokio::time::advance(OFFERS_TTL + Duration::from_secs(1)).await;
+    tokio::time::resume();
+    let after = p.list_offers().await.expect("offers");
+    assert_eq!(od(&after), Micros(3_200_000));
+    let spot = find(&after, a100, "eastus-1", Market::Spot);
+    assert_eq!(
+        (spot.price, spot.on_demand_price, spot.price_source),
+        (Micros(640_000), Micros(3_200_000), PriceSource::Live)
+    );
 }
