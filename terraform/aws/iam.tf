@@ -45,7 +45,7 @@ resource "aws_iam_role_policy" "control_plane" {
 }
 
 data "aws_iam_policy_document" "control_plane" {
-  #checkov:skip=CKV_AWS_356:The four EC2 Describe calls support no resource-level permissions, so their Resource must be "*"; they are limited to the cluster's region instead.
+  #checkov:skip=CKV_AWS_356:The four EC2 Describe calls and pricing:GetProducts support no resource-level permissions, so their Resource must be "*"; they are limited by region instead.
   #checkov:skip=CKV_AWS_111:Writes are limited by resource ARN and tag conditions; launch-time parts EC2 creates untagged (fleet, volume, network interface, spot request, launch template) cannot carry the tag condition, and are limited to this account and region.
   # Offers, zones, reconciliation: Describe calls, which take no resource ARNs.
   statement {
@@ -62,6 +62,19 @@ data "aws_iam_policy_document" "control_plane" {
       test     = "StringEquals"
       variable = "aws:RequestedRegion"
       values   = local.regions
+    }
+  }
+
+  # On-demand prices: the Price List Query API, read-only, one endpoint region.
+  statement {
+    sid       = "PriceList"
+    actions   = ["pricing:GetProducts"]
+    resources = ["*"]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestedRegion"
+      values   = [var.price_list_region]
     }
   }
 

@@ -48,6 +48,8 @@ locals {
     instance_types         = var.instance_types
     security_group_ids     = [aws_security_group.node.id]
     instance_profile       = aws_iam_instance_profile.node.name
+    price_list             = var.price_list
+    price_list_region      = var.price_list_region
     subnets                = var.node_subnets
   })
 }

@@ -46,6 +46,16 @@ output "launch_api" {
   value       = var.launch_api
 }
 
+output "price_list" {
+  description = "providers.price_list: on-demand prices from the AWS Price List Query API."
+  value       = var.price_list
+}
+
+output "price_list_region" {
+  description = "providers.price_list_region: the Price List endpoint's region."
+  value       = var.price_list_region
+}
+
 output "instance_types" {
   description = "providers.instance_types: GPU instance types offered (empty: the catalog's)."
   value       = var.instance_types

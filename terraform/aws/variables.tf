@@ -81,6 +81,23 @@ variable "launch_api" {
   }
 }
 
+variable "price_list" {
+  type        = bool
+  description = "Read on-demand prices from the AWS Price List Query API (pricing:GetProducts); false uses the built-in catalog's."
+  default     = true
+}
+
+variable "price_list_region" {
+  type        = string
+  description = "The region whose Price List endpoint the control plane asks (each answers for every region)."
+  default     = "us-east-1"
+
+  validation {
+    condition     = contains(["us-east-1", "eu-central-1", "ap-south-1"], var.price_list_region)
+    error_message = "The Price List Query API is served from us-east-1, eu-central-1 and ap-south-1."
+  }
+}
+
 variable "control_plane_image" {
   type        = string
   description = "The spotplane container image (entrypoint: the spotplane binary built with --features clouds), pinned by digest or immutable tag. Build it from the repository's Dockerfile and push it (docker build -t REGISTRY/spotplane:VERSION . && docker push REGISTRY/spotplane:VERSION; docs/building.md, The container image)."

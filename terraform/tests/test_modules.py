@@ -123,7 +123,7 @@ STRUCTS = {"aws": "AwsConfig", "gcp": "GcpConfig", "azure": "AzureConfig"}
 # Fields of the provider tables that are not infrastructure: endpoints of test servers and
 # emulators, and test-only switches. Every other field must be a module output.
 NOT_INFRASTRUCTURE = {
-    "aws": {"endpoint_url"},
+    "aws": {"endpoint_url", "price_list_endpoint_url"},
     "gcp": {"endpoint_url", "billing_endpoint_url", "anonymous_credentials"},
     "azure": {"endpoint_url", "prices_endpoint_url"},
 }
@@ -288,6 +288,7 @@ SAMPLE_CONFIG_VALUES = {
         "interruption_queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/q",
         "instance_types": ["g6.12xlarge"], "security_group_ids": ["sg-1"],
         "instance_profile": "prod-node", "subnets": {"us-east-1a": "subnet-1", "us-east-1b": "subnet-2"},
+        "price_list": True, "price_list_region": "us-east-1",
     },
     "gcp": {
         "object_store_url": "gs://b/checkpoints", "project": "p", "zones": ["us-central1-a"],
