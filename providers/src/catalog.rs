@@ -268,6 +268,25 @@ impl SkyPilot {
             })
     }
 
+    /// The indexes of `names`, in their order.
+    fn columns<const N: usize>(&self, names: [&str; N]) -> Result<[usize; N], CatalogError> {
+        let mut out = [0; N];
+        for (slot, name) in out.iter_mut().zip(names) {
+            *slot = self.column(name)?;
+        }
+        Ok(out)
+    }
+
+    /// A price field: empty is none.
+    fn usd(&self, line: u64, v: &str, what: &str) -> Result<Option<Micros>, CatalogError> {
+        if v.trim().is_empty() {
+            return Ok(None);
+        }
+        Micros::parse_usd(v.trim())
+            .map(Some)
+            .map_err(|e| self.err(line, format!("{what}: {e}")))
+    }
+
     fn err(&self, line: u64, message: String) -> CatalogError {
         CatalogError::Parse {
             path: self.origin.clone(),
@@ -368,7 +387,7 @@ fn add_aws(
     sky: &SkyPilot,
     signals: &Signals,
 ) -> Result<(), CatalogError> {
-    let [ty, acc, count, vcpus, mem, info, price, spot, region, zone] = [
+    let [ty, acc, count, vcpus, mem, info, price, spot, region, zone] = sky.columns([
         "InstanceType",
         "AcceleratorName",
         "AcceleratorCount",
@@ -379,26 +398,17 @@ fn add_aws(
         "SpotPrice",
         "Region",
         "AvailabilityZone",
-    ]
-    .map(|c| sky.column(c));
-    let (ty, acc, count, vcpus, mem, info, price, spot, region, zone) = (
-        ty?, acc?, count?, vcpus?, mem?, info?, price?, spot?, region?, zone?,
-    );
+    ])?;
     for (line, r) in &sky.records {
         let Some(model) = skypilot_model(&r[acc], &r[info]) else {
             continue;
         };
         let gpus = whole(&r[count]).filter(|n| *n > 0);
         let Some(gpus) = gpus else { continue };
-        let usd = |v: &str, what: &str| -> Result<Option<Micros>, CatalogError> {
-            if v.trim().is_empty() {
-                return Ok(None);
-            }
-            Micros::parse_usd(v.trim())
-                .map(Some)
-                .map_err(|e| sky.err(*line, format!("{what}: {e}")))
-        };
-        let (on_demand, spot_price) = (usd(&r[price], "Price")?, usd(&r[spot], "SpotPrice")?);
+        let (on_demand, spot_price) = (
+            sky.usd(*line, &r[price], "Price")?,
+            sky.usd(*line, &r[spot], "SpotPrice")?,
+        );
         let key = (r[ty].to_owned(), r[zone].to_owned());
         if let Some(have) = rows.get_mut(&key) {
             have.spot_price = have.spot_price.or(spot_price);
@@ -476,7 +486,7 @@ pub fn build_gcp_skypilot(
     machines: &[&str],
 ) -> Result<Vec<CatalogRow>, CatalogError> {
     let sky = SkyPilot::read(skypilot_csv, origin)?;
-    let [ty, vcpus, mem, acc, count, info, region, zone, price, spot] = [
+    let [ty, vcpus, mem, acc, count, info, region, zone, price, spot] = sky.columns([
         "InstanceType",
         "vCPUs",
         "MemoryGiB",
@@ -487,19 +497,8 @@ pub fn build_gcp_skypilot(
         "AvailabilityZone",
         "Price",
         "SpotPrice",
-    ]
-    .map(|c| sky.column(c));
-    let (ty, vcpus, mem, acc, count, info, region, zone, price, spot) = (
-        ty?, vcpus?, mem?, acc?, count?, info?, region?, zone?, price?, spot?,
-    );
-    let usd = |line: u64, v: &str, what: &str| -> Result<Option<Micros>, CatalogError> {
-        if v.trim().is_empty() {
-            return Ok(None);
-        }
-        Micros::parse_usd(v.trim())
-            .map(Some)
-            .map_err(|e| sky.err(line, format!("{what}: {e}")))
-    };
+    ])?;
+    let usd = |line: u64, v: &str, what: &str| sky.usd(line, v, what);
     // (zone, accelerator, count) -> (on-demand, spot, GPU info)
     type GpuRows = BTreeMap<(String, String, u32), (Option<Micros>, Option<Micros>, String)>;
     let mut gpus = GpuRows::new();

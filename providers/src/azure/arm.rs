@@ -441,7 +441,8 @@ impl TokenSource {
         // azure_identity retries inside a token fetch (managed identity up to six times in
         // about 72 s, a service principal eight in 60 s) and cannot be told not to: the fetch
         // is bounded here, so one call path keeps one retry policy, the decorator's.
-        let fetch = self.credential.get_token(&[self.scope.as_str()], None);
+        let scopes = [self.scope.as_str()];
+        let fetch = self.credential.get_token(&scopes, None);
         let token = tokio::time::timeout(TOKEN_FETCH_TIMEOUT, fetch)
             .await
             .map_err(|_| ArmError::Credential {
