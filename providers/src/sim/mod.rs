@@ -149,6 +149,9 @@ struct State {
     quiet_until: Option<DateTime<Utc>>,
     /// A spot capacity crunch switched on from outside (tests, demos): no spot anywhere.
     spot_outage: bool,
+    /// A calm market switched on from outside (tests): spot is always there and never taken
+    /// back, whatever the traces say.
+    calm: bool,
 }
 
 /// By zone, then instance type: the traces of the pool's interruption-frequency band.
@@ -297,6 +300,7 @@ impl SimCloud {
                 next_prune: epoch,
                 quiet_until: None,
                 spot_outage: false,
+                calm: false,
             }),
         }
     }
@@ -589,6 +593,22 @@ impl SimCloud {
         st.quiet_until = None;
     }
 
+    /// Switches a calm market on or off (tests that are about something else than
+    /// preemptions): while on, spot capacity is always there and no instance bought is taken
+    /// back; the instances running when it is switched on keep no notice to come.
+    pub fn set_calm(&self, on: bool) {
+        let mut st = self.lock();
+        st.calm = on;
+        if on {
+            for inst in st.instances.values_mut() {
+                if inst.notice.is_none() {
+                    inst.loss_at = None;
+                }
+            }
+        }
+        st.quiet_until = None;
+    }
+
     /// The instance whose id is, or ends with, `/name` (Azure ids are resource paths; the
     /// metadata front addresses instances by their last segment).
     pub fn instance_by_name(&self, name: &str) -> Option<SimInstance> {
@@ -869,7 +889,8 @@ impl CloudProvider for SimCloud {
             });
         }
         if o.market == Market::Spot
-            && (st.spot_outage || !self.spot_available(&o.zone, &o.instance_type, now))
+            && (st.spot_outage
+                || (!st.calm && !self.spot_available(&o.zone, &o.instance_type, now)))
         {
             return Err(ProviderError::InsufficientCapacity {
                 offer_id,
@@ -887,6 +908,7 @@ impl CloudProvider for SimCloud {
             )));
         }
         let loss_at = match (o.market, self.pool(&o.zone, &o.instance_type)) {
+            _ if st.calm => None,
             (Market::Spot, Some(pool)) => self.traces.availability[pool.0]
                 .next_unavailable(self.tick(pool, now) + 1)
                 .map(|tick| self.tick_time(pool, tick)),

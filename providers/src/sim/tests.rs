@@ -438,3 +438,43 @@ async fn an_instance_is_billed_from_launch_to_its_end_at_the_prices_in_force() {
     assert_eq!(b.cost, Micros(4_590_000));
     assert_eq!(b.on_demand_cost, b.cost);
 }
+
+#[tokio::test]
+async fn a_calm_market_sells_spot_and_takes_nothing_back() {
+    let (sim, clock) = setup(Cloud::Aws);
+    while !sim.spot_available("us-east-1a", "p3.2xlarge", clock.now()) {
+        clock.advance(Duration::seconds(60));
+    }
+    let running = sim
+        .provision(&request(&sim, Market::Spot, "before").await)
+        .await
+        .expect("provisioned");
+    sim.set_calm(true);
+    // Where the trace takes the pool's capacity away, spot is still sold, and neither the
+    // instance bought before nor the one bought now gets a notice.
+    to_next_loss(&sim, &clock);
+    let bought = sim
+        .provision(&request(&sim, Market::Spot, "during").await)
+        .await
+        .expect("spot is there in a calm market");
+    clock.advance(Duration::hours(48));
+    for inst in [&running, &bought] {
+        assert!(sim.notice(&inst.provider_id).is_none(), "{inst:?}");
+    }
+    assert!(sim.drain_interruptions().await.expect("events").is_empty());
+    // Calm off: the traces rule again.
+    sim.set_calm(false);
+    to_next_loss(&sim, &clock);
+    for inst in [&running, &bought] {
+        sim.terminate(&inst.provider_id).await.expect("terminated");
+    }
+    match sim
+        .provision(&request(&sim, Market::Spot, "after").await)
+        .await
+    {
+        Err(ProviderError::InsufficientCapacity { message, .. }) => {
+            assert_eq!(message, "no spot capacity in this pool now")
+        }
+        other => panic!("expected the trace's capacity error, got {other:?}"),
+    }
+}
