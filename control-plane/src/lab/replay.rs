@@ -763,10 +763,6 @@ mod tests {
         assert!(out[2].total_cost_usd < out[0].total_cost_usd, "{out:?}");
     }
 
-    /// A seven-GPU job and a one-GPU job share an eight-GPU node; once the big one is done the
-    /// small one is alone on it for hours. Consolidation moves it (checkpoint, requeue, resume)
-    /// to a one-GPU node and gives the big one back; without it the big node is kept.
-
     /// A replay of `spec` under spotplane's policy on a calm market: the simulated clouds take
     /// nothing back, so what the test sees is the consolidation, not where the traces happen to
     /// preempt the pools the catalog's prices lead to.
@@ -792,6 +788,9 @@ mod tests {
             .expect("outcome")
     }
 
+    /// A seven-GPU job and a one-GPU job share an eight-GPU node; once the big one is done the
+    /// small one is alone on it for hours. Consolidation moves it (checkpoint, requeue, resume)
+    /// to a one-GPU node and gives the big one back; without it the big node is kept.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn consolidation_moves_a_lone_job_off_a_big_node_and_saves_money() {
         let dir = tempfile::tempdir().expect("dir");
