@@ -51,6 +51,17 @@ pub enum CatalogError {
     },
 }
 
+impl CatalogError {
+    /// A parse error at `line` (1-based, csv's line numbers) of `origin`.
+    fn parse(origin: &str, line: u64, message: String) -> CatalogError {
+        CatalogError::Parse {
+            path: origin.to_owned(),
+            line: line as usize,
+            message,
+        }
+    }
+}
+
 pub const HEADER: &str = "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,Region,AvailabilityZone,Price,SpotPrice,PlacementScore,InterruptionBucket";
 
 /// Reads a catalog CSV.
@@ -65,11 +76,7 @@ pub fn load(path: &Path) -> Result<Vec<CatalogRow>, CatalogError> {
 /// Parses catalog CSV text; `origin` names it in errors. Fields may be quoted (a user's file
 /// written by a spreadsheet, a GPU description with commas): read with the `csv` crate.
 pub fn parse(text: &str, origin: &str) -> Result<Vec<CatalogRow>, CatalogError> {
-    let err = |line: u64, message: String| CatalogError::Parse {
-        path: origin.to_owned(),
-        line: line as usize,
-        message,
-    };
+    let err = |line: u64, message: String| CatalogError::parse(origin, line, message);
     let mut reader = csv::ReaderBuilder::new()
         .flexible(true)
         .trim(csv::Trim::All)
@@ -212,7 +219,7 @@ pub fn file_name(cloud: Cloud) -> &'static str {
     }
 }
 
-/// A SkyPilot catalog CSV (`catalogs/v7/{aws,gcp}/vms.csv`) read by column name: its columns
+/// A SkyPilot catalog CSV (`catalogs/v8/{aws,gcp}/vms.csv`) read by column name: its columns
 /// differ per cloud, and its GPU description (`GpuInfo`) is a quoted field with commas.
 struct SkyPilot {
     origin: String,
@@ -222,11 +229,7 @@ struct SkyPilot {
 
 impl SkyPilot {
     fn read(text: &str, origin: &str) -> Result<SkyPilot, CatalogError> {
-        let err = |line: u64, message: String| CatalogError::Parse {
-            path: origin.to_owned(),
-            line: line as usize,
-            message,
-        };
+        let err = |line: u64, message: String| CatalogError::parse(origin, line, message);
         let mut reader = csv::ReaderBuilder::new()
             .flexible(true)
             .from_reader(text.as_bytes());
@@ -258,14 +261,12 @@ impl SkyPilot {
 
     /// The index of `name`, or an error naming the file.
     fn column(&self, name: &str) -> Result<usize, CatalogError> {
-        self.columns
-            .iter()
-            .position(|c| c == name)
-            .ok_or_else(|| CatalogError::Parse {
-                path: self.origin.clone(),
-                line: 1,
-                message: format!("no {name} column in {:?}", self.columns.join(",")),
-            })
+        self.columns.iter().position(|c| c == name).ok_or_else(|| {
+            self.err(
+                1,
+                format!("no {name} column in {:?}", self.columns.join(",")),
+            )
+        })
     }
 
     /// The indexes of `names`, in their order.
@@ -288,11 +289,7 @@ impl SkyPilot {
     }
 
     fn err(&self, line: u64, message: String) -> CatalogError {
-        CatalogError::Parse {
-            path: self.origin.clone(),
-            line: line as usize,
-            message,
-        }
+        CatalogError::parse(&self.origin, line, message)
     }
 }
 

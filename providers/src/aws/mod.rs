@@ -35,12 +35,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 use spotplane_core::{Cloud, GpuModel, Market, Micros, NodeId};
+use tokio::time::Instant;
 
 use crate::catalog::CatalogRow;
 use crate::clock::{SharedClock, SystemClock};
@@ -216,7 +215,6 @@ impl AwsProvider {
     ) -> Result<Self, ProviderError> {
         let mut regions: Vec<(String, Box<dyn Ec2Api>)> = Vec::new();
         let mut queue: Option<Box<dyn QueueApi>> = None;
-        let mut pricing: Option<SdkPricing> = None;
         for name in &cfg.regions {
             // The SDK's own retries off (its default is 3 attempts per call): the `Retrying`
             // decorator retries every cloud call, so one policy decides how often and how long,
@@ -228,21 +226,6 @@ impl AwsProvider {
                 loader = loader.endpoint_url(url);
             }
             let sdk = loader.load().await;
-            if pricing.is_none() && cfg.price_list {
-                let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-                    .region(aws_config::Region::new(cfg.price_list_region.clone()))
-                    .retry_config(aws_config::retry::RetryConfig::disabled());
-                if let Some(url) = cfg
-                    .price_list_endpoint_url
-                    .as_ref()
-                    .or(cfg.endpoint_url.as_ref())
-                {
-                    loader = loader.endpoint_url(url);
-                }
-                pricing = Some(SdkPricing(aws_sdk_pricing::Client::new(
-                    &loader.load().await,
-                )));
-            }
             regions.push((
                 name.clone(),
                 Box::new(SdkEc2(aws_sdk_ec2::Client::new(&sdk))),
@@ -258,10 +241,22 @@ impl AwsProvider {
             }
         }
         let provider = Self::with_apis(cfg.clone(), catalog, regions, queue).await?;
-        Ok(match pricing {
-            Some(p) => provider.with_pricing(Box::new(p)),
-            None => provider,
-        })
+        if !cfg.price_list {
+            return Ok(provider);
+        }
+        // One client for every region: the Price List answers for all of them from its own.
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(cfg.price_list_region.clone()))
+            .retry_config(aws_config::retry::RetryConfig::disabled());
+        if let Some(url) = cfg
+            .price_list_endpoint_url
+            .as_ref()
+            .or(cfg.endpoint_url.as_ref())
+        {
+            loader = loader.endpoint_url(url);
+        }
+        let pricing = SdkPricing(aws_sdk_pricing::Client::new(&loader.load().await));
+        Ok(provider.with_pricing(Box::new(pricing)))
     }
 
     /// Builds the provider on given API implementations.

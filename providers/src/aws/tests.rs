@@ -316,6 +316,19 @@ fn aws_config() -> AwsConfig {
     }
 }
 
+/// One region with the p5 row, on-demand prices from `prices`.
+async fn p5_provider(prices: ScriptedPrices) -> AwsProvider {
+    AwsProvider::with_apis(
+        aws_config(),
+        vec![p5_row()],
+        vec![("us-east-1".into(), Box::new(QuietEc2))],
+        None,
+    )
+    .await
+    .expect("provider")
+    .with_pricing(Box::new(prices))
+}
+
 async fn on_demand(p: &AwsProvider) -> (Micros, PriceSource) {
     let offers = p.list_offers().await.expect("offers");
     let o = offers
@@ -335,15 +348,7 @@ async fn on_demand(p: &AwsProvider) -> (Micros, PriceSource) {
 async fn a_price_change_is_read_when_the_price_list_cache_expires() {
     let prices = ScriptedPrices::default();
     *prices.0.lock().expect("lock") = Some("55.0400000000");
-    let p = AwsProvider::with_apis(
-        aws_config(),
-        vec![p5_row()],
-        vec![("us-east-1".into(), Box::new(QuietEc2))],
-        None,
-    )
-    .await
-    .expect("provider")
-    .with_pricing(Box::new(prices.clone()));
+    let p = p5_provider(prices.clone()).await;
     let usd = |s: &str| Micros::parse_usd(s).expect("usd");
     assert_eq!(on_demand(&p).await, (usd("55.04"), PriceSource::Live));
 
@@ -365,15 +370,7 @@ async fn a_price_change_is_read_when_the_price_list_cache_expires() {
 
 #[tokio::test(start_paused = true)]
 async fn without_a_price_list_answer_the_catalog_prices_and_the_offer_says_so() {
-    let p = AwsProvider::with_apis(
-        aws_config(),
-        vec![p5_row()],
-        vec![("us-east-1".into(), Box::new(QuietEc2))],
-        None,
-    )
-    .await
-    .expect("provider")
-    .with_pricing(Box::new(ScriptedPrices::default()));
+    let p = p5_provider(ScriptedPrices::default()).await;
     assert_eq!(
         on_demand(&p).await,
         (
