@@ -59,6 +59,12 @@ pub struct SimSettings {
     /// never for real ones.
     #[serde(default = "one")]
     pub speed: f64,
+    /// A folder where the simulated clouds keep their state (and the accelerated clock its
+    /// anchor), so that they outlive the control plane as real clouds do: a restarted
+    /// `spotplane serve` finds its instances still running, and several replicas on one
+    /// machine share one set of clouds. Unset: they live in the process's memory.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// `sim.market`.

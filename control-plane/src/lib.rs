@@ -11,6 +11,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod failpoints;
 pub mod finance;
 pub mod lab;
 pub mod listener;

@@ -135,12 +135,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve => {
             let config = Config::load(cli.config.as_deref())?;
             telemetry::init(&config.log);
+            spotplane::failpoints::arm_from_env()?;
             let clock: spotplane::clock::SharedClock = if config.sim.speed > 1.0 {
                 tracing::warn!(
                     speed = config.sim.speed,
                     "running on an accelerated clock (sim.speed)"
                 );
-                Arc::new(spotplane::clock::ScaledClock::new(config.sim.speed))
+                match &config.sim.state_dir {
+                    // Restarts and replicas sharing the simulated clouds share their time line.
+                    Some(dir) => {
+                        std::fs::create_dir_all(dir)
+                            .with_context(|| format!("creating sim.state_dir {}", dir.display()))?;
+                        Arc::new(
+                            spotplane::clock::ScaledClock::anchored(
+                                config.sim.speed,
+                                &dir.join("clock.json"),
+                            )
+                            .map_err(anyhow::Error::msg)?,
+                        )
+                    }
+                    None => Arc::new(spotplane::clock::ScaledClock::new(config.sim.speed)),
+                }
             } else {
                 Arc::new(SystemClock)
             };
@@ -287,6 +302,7 @@ async fn offers(config: &Config, args: &OffersArgs) -> anyhow::Result<()> {
             sim_market: config.sim.market()?,
             catalog_dir: config.catalog.dir.clone(),
             observer: None,
+            sim_state_dir: None,
         },
     )
     .await?;

@@ -87,6 +87,7 @@ impl Server {
                     sim_market: config.sim.market()?,
                     catalog_dir: config.catalog.dir.clone(),
                     observer: Some(metrics.provider_observer()),
+                    sim_state_dir: config.sim.state_dir.clone(),
                 },
             )
             .await

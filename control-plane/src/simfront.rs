@@ -17,8 +17,10 @@
 //! The metadata services are not authenticated, like the link-local services they imitate.
 //!
 //! Beside them, `/sim/control/...` does to a simulated cloud what a real cloud does on its own
-//! (a preemption, a vanished instance, a spot capacity crunch), for tests and demos. Those
-//! routes change the fleet, so they take an admin token like the rest of the API.
+//! (a preemption, a vanished instance, a spot capacity crunch), for tests and demos, and shows
+//! what a cloud's console shows: every instance it ran and its bill
+//! (`GET /sim/control/{cloud}/bills`). Those routes change or show the fleet, so they take an
+//! admin token like the rest of the API.
 //!
 //! Both exist only when simulated clouds are configured.
 //!
@@ -37,7 +39,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, post};
+use axum::routing::{any, get, post};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
@@ -70,6 +72,7 @@ pub fn router(sims: Vec<Arc<SimCloud>>, state: AppState) -> Router {
             post(control_instance),
         )
         .route("/sim/control/{cloud}/spot-outage", post(control_outage))
+        .route("/sim/control/{cloud}/bills", get(control_bills))
         // A route layer: only matched routes ask for a token, so unknown paths stay 404.
         .route_layer(middleware::from_fn_with_state(state, admin_only))
         .with_state(Front {
@@ -146,6 +149,17 @@ async fn control_instance(
         axum::Json(json!({"action": action, "instance": inst.id})),
     )
         .into_response())
+}
+
+/// `GET /sim/control/{cloud}/bills`: every instance the cloud ran (gone ones included), with
+/// the node it was bought for and what it charged from launch to its end (or now), to the
+/// micro-dollar: what a test holds the ledger and the fleet against.
+async fn control_bills(
+    State(front): State<Front>,
+    Path(cloud): Path<String>,
+) -> Result<Response, ApiError> {
+    let sim = sim_of(&front, &cloud)?;
+    Ok(axum::Json(json!({"cloud": cloud, "at": sim.now(), "items": sim.bills()})).into_response())
 }
 
 /// `POST /sim/control/{cloud}/spot-outage?on=true|false`: a cloud-wide spot capacity crunch.

@@ -56,6 +56,7 @@ async fn sims_with(clock: &ManualClock, tune: impl FnOnce(&mut SimConfig)) -> Ar
         ),
         catalog_dir: None,
         observer: None,
+        sim_state_dir: None,
     };
     Arc::new(
         registry::build(&[ProviderConfig::Sim(cfg)], &ctx)

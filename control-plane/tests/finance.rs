@@ -42,6 +42,7 @@ async fn week(backend: Backend, days: i64) {
             sim_market: db.config.sim.market().expect("the simulated market"),
             catalog_dir: None,
             observer: None,
+            sim_state_dir: None,
         },
     )
     .await

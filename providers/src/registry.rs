@@ -49,6 +49,9 @@ pub struct BuildContext {
     pub catalog_dir: Option<PathBuf>,
     /// Reports every call (metrics); `None` reports nothing.
     pub observer: Option<Observer>,
+    /// A folder keeping the simulated clouds' state (`<flavour>.json` each), so that they
+    /// outlive the process and every process given it shares them; `None`: in memory.
+    pub sim_state_dir: Option<PathBuf>,
 }
 
 /// The configured providers, in configuration order.
@@ -80,6 +83,8 @@ pub enum BuildError {
     Catalog(#[from] CatalogError),
     #[error("the simulated clouds' traces: {0}")]
     Traces(#[from] TraceError),
+    #[error(transparent)]
+    SimState(#[from] crate::sim::StateFileError),
     #[error(
         "providers[{index}]: this binary was built without the `{kind}` feature; rebuild with `--features {kind}`"
     )]
@@ -121,7 +126,15 @@ pub async fn build(
                         t
                     }
                 };
-                let sim = Arc::new(SimCloud::new(sim_cfg.clone(), cat, t, ctx.clock.clone()));
+                let mut sim = SimCloud::new(sim_cfg.clone(), cat, t, ctx.clock.clone());
+                if let Some(dir) = &ctx.sim_state_dir {
+                    std::fs::create_dir_all(dir).map_err(|e| crate::sim::StateFileError::Io {
+                        path: dir.clone(),
+                        source: e,
+                    })?;
+                    sim = sim.shared(&dir.join(format!("{}.json", sim_cfg.flavour)))?;
+                }
+                let sim = Arc::new(sim);
                 sims.push(Arc::clone(&sim));
                 // The simulation injects its own errors; they reach the planner undecorated,
                 // as a real cloud's would after the retries ran out.
@@ -260,6 +273,7 @@ mod tests {
             ),
             catalog_dir: None,
             observer: None,
+            sim_state_dir: None,
         }
     }
 

@@ -554,6 +554,7 @@ async fn a_failing_call_is_sent_as_often_as_the_retry_decorator_says_and_no_more
             sim_market: spotplane_providers::sim::SimMarket::Recorded(std::env::temp_dir()),
             catalog_dir: None,
             observer: None,
+            sim_state_dir: None,
         },
     )
     .await

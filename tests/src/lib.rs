@@ -3,6 +3,8 @@
 //! The binaries are found next to the test executable (`target/<profile>/`), where
 //! `cargo test --workspace` (and `scripts/test`, which builds them first) puts them.
 
+pub mod agents;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

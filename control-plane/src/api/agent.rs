@@ -207,6 +207,10 @@ pub async fn heartbeat(
     }
     errs.into_result()?;
     let commands = state.store().agent_heartbeat(own, &hb, state.now()).await?;
+    if hb.notice.is_some() {
+        // The notice recorded (the node draining), the agent not yet answered.
+        crate::crash_point!("drain");
+    }
     Ok(Json(HeartbeatResponse { commands }))
 }
 
@@ -329,6 +333,8 @@ pub async fn report_checkpoint(
         .store()
         .record_checkpoint(own, &report, state.object_store_url(), state.now())
         .await?;
+    // Recorded, not yet answered: the agent must report it again and be told the same.
+    crate::crash_point!("checkpoint-report");
     Ok(Json(rec))
 }
 

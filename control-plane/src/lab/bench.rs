@@ -323,6 +323,7 @@ pub async fn cycle(
                 sim_market: config.sim.market()?,
                 catalog_dir: config.catalog.dir.clone(),
                 observer: None,
+                sim_state_dir: None,
             },
         )
         .await

@@ -158,6 +158,7 @@ pub async fn bench_sim(config: &Config, args: &SimBenchArgs) -> anyhow::Result<(
             sim_market: config.sim.market()?,
             catalog_dir: config.catalog.dir.clone(),
             observer: None,
+            sim_state_dir: None,
         },
     )
     .await?;
@@ -255,6 +256,7 @@ pub async fn bench_finance(config: &Config, args: &FinanceBenchArgs) -> anyhow::
             sim_market: config.sim.market()?,
             catalog_dir: config.catalog.dir.clone(),
             observer: None,
+            sim_state_dir: None,
         },
     )
     .await?;

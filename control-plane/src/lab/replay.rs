@@ -322,6 +322,7 @@ impl World {
                     sim_market: spec.market.clone(),
                     catalog_dir: None,
                     observer: None,
+                    sim_state_dir: None,
                 },
             )
             .await?,

@@ -172,6 +172,9 @@ impl LedgerLoop {
         self.store
             .write_ledger(&out.lines, &out.progress, now)
             .await?;
+        if !out.lines.is_empty() {
+            crate::crash_point!("ledger-write");
+        }
 
         // 2. Lost work of runs lost before the horizon (their usage is in the ledger by now).
         let (runs, position) = self.store.lost_runs(horizon).await?;

@@ -216,6 +216,7 @@ impl RecoveryLoop {
                         now,
                     )
                     .await?;
+                crate::crash_point!("drain");
                 report.drains += 1;
             }
             Action::Stop {
@@ -260,6 +261,7 @@ impl RecoveryLoop {
                         now,
                     )
                     .await?;
+                crate::crash_point!("requeue");
                 report.requeued += 1;
             }
             Action::DropReplicas {

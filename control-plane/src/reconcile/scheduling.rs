@@ -154,7 +154,10 @@ impl SchedulerLoop {
         };
         for a in &decisions.admissions {
             match self.store.admit_job(a.job, &a.placements, now).await {
-                Ok(()) => report.admitted += 1,
+                Ok(()) => {
+                    crate::crash_point!("admission");
+                    report.admitted += 1;
+                }
                 Err(StoreError::Conflict(why) | StoreError::NotFound(why)) => {
                     tracing::debug!(job = %a.job, %why, "admission dropped");
                     report.stale += 1;

@@ -128,6 +128,8 @@ impl WebhookLoop {
     /// Makes one attempt and records it; `Some(delivered)` when it was recorded.
     async fn attempt(&self, d: DueDelivery) -> Result<Option<bool>, StoreError> {
         let outcome = send(&self.sender, &self.clock, &d).await;
+        // Sent (perhaps received) but not recorded: the receiver must get it again.
+        crate::crash_point!("webhook-delivery");
         let now = self.clock.now();
         let next = retry::next(
             &self.policy(),

@@ -12,13 +12,20 @@
 //!
 //! State is advanced lazily: every call first brings the simulation up to `clock.now()`, so
 //! there is no background task and nothing to shut down.
+//!
+//! A simulated cloud lives in the process that made it, and goes with it, unless it is given a
+//! state file ([`SimCloud::shared`]): then, like a real cloud, it outlives the control plane.
+//! Every call takes an exclusive lock on the file, reads what other processes changed, and
+//! writes back what it changed, so a control plane restarted after a crash finds its
+//! instances still running (and billed), and several replicas on one machine share one cloud.
 
 pub mod market;
 pub mod replay;
 pub mod traces;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration as StdDuration;
 
 use async_trait::async_trait;
@@ -90,7 +97,7 @@ impl SimConfig {
 }
 
 /// A simulated instance.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimInstance {
     pub id: String,
     pub node_id: Option<NodeId>,
@@ -152,6 +159,169 @@ struct State {
     /// A calm market switched on from outside (tests): spot is always there and never taken
     /// back, whatever the traces say.
     calm: bool,
+    /// With a state file: the generation of the file this state was last read from or
+    /// written to.
+    generation: u64,
+}
+
+/// What a state file holds: the part of [`State`] that is the cloud's, not one process's.
+#[derive(Serialize, Deserialize)]
+struct Durable {
+    /// What it is a state of, so that a file is never read as another cloud's.
+    flavour: Cloud,
+    seed: u64,
+    /// Where pool trace offsets are counted from: the first process's start.
+    epoch: DateTime<Utc>,
+    generation: u64,
+    next_id: u64,
+    instances: BTreeMap<String, SimInstance>,
+    gone: Vec<SimInstance>,
+    by_token: HashMap<String, String>,
+    events: Vec<InterruptionEvent>,
+    acknowledged: Vec<String>,
+    spot_outage: bool,
+    calm: bool,
+}
+
+/// Why a state file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    #[error("simulated cloud state file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "simulated cloud state file {path} is not a simulated cloud's state ({reason}); move it away to start an empty cloud"
+    )]
+    Corrupt { path: PathBuf, reason: String },
+    #[error(
+        "simulated cloud state file {path} holds a {found} cloud of seed {found_seed}, not this {flavour} cloud of seed {seed}"
+    )]
+    Other {
+        path: PathBuf,
+        found: Cloud,
+        found_seed: u64,
+        flavour: Cloud,
+        seed: u64,
+    },
+}
+
+/// A state file and the lock file beside it.
+#[derive(Debug)]
+struct StateFile {
+    path: PathBuf,
+    lock: PathBuf,
+}
+
+impl StateFile {
+    fn io(&self, source: std::io::Error) -> StateFileError {
+        StateFileError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Takes the lock (blocking; every holder holds it for one call's bookkeeping only).
+    fn lock(&self) -> Result<std::fs::File, StateFileError> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&self.lock)
+            .map_err(|e| StateFileError::Io {
+                path: self.lock.clone(),
+                source: e,
+            })?;
+        f.lock().map_err(|e| StateFileError::Io {
+            path: self.lock.clone(),
+            source: e,
+        })?;
+        Ok(f)
+    }
+
+    /// The state in the file, if there is one (the lock held).
+    fn read(&self) -> Result<Option<Durable>, StateFileError> {
+        let bytes = match std::fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.io(e)),
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StateFileError::Corrupt {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Replaces the file (the lock held): a new file renamed over the old, so a reader (or a
+    /// process killed half-way) never sees half a state.
+    fn write(&self, d: &Durable) -> Result<(), StateFileError> {
+        let bytes = serde_json::to_vec(d).map_err(|e| StateFileError::Corrupt {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(".new");
+        std::fs::write(&tmp, bytes).map_err(|e| self.io(e))?;
+        std::fs::rename(&tmp, &self.path).map_err(|e| self.io(e))
+    }
+}
+
+/// The state of one call: the process's own, brought up to the state file's (when there is
+/// one) and written back to it when dropped.
+struct StateGuard<'a> {
+    st: MutexGuard<'a, State>,
+    /// The state file's lock, held until the state is written back.
+    file: Option<(&'a StateFile, std::fs::File)>,
+    cloud: &'a SimCloud,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.st
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.st
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        let Some((file, _lock)) = self.file.take() else {
+            return;
+        };
+        self.st.generation += 1;
+        let d = self.cloud.durable(&self.st);
+        if let Err(e) = file.write(&d) {
+            // The other processes sharing this cloud will not see this call's changes.
+            tracing::error!(error = %e, "cannot write the simulated cloud's state");
+        }
+    }
+}
+
+/// Takes up a state file's cloud: another process changed it since this one last looked.
+fn load(st: &mut State, d: Durable, seed: u64) {
+    st.generation = d.generation;
+    st.next_id = d.next_id;
+    st.instances = d.instances;
+    st.gone = d.gone;
+    st.by_token = d.by_token;
+    st.events = d.events;
+    st.acknowledged = d.acknowledged;
+    st.spot_outage = d.spot_outage;
+    st.calm = d.calm;
+    // What another process did may bring events sooner than this one's view said.
+    st.quiet_until = None;
+    // Random draws go on from a point of their own for each generation, the same in every
+    // process that reads it.
+    st.rng = StdRng::seed_from_u64(seed ^ d.generation.wrapping_mul(0x9e37_79b9_7f4a_7c15));
 }
 
 /// By zone, then instance type: the traces of the pool's interruption-frequency band.
@@ -171,6 +341,8 @@ pub struct SimCloud {
     /// pool's interruption-frequency band. Empty otherwise.
     pool_bands: PoolBands,
     state: Mutex<State>,
+    /// Where the state lives beyond this process, if anywhere.
+    file: Option<StateFile>,
 }
 
 impl std::fmt::Debug for SimCloud {
@@ -301,7 +473,79 @@ impl SimCloud {
                 quiet_until: None,
                 spot_outage: false,
                 calm: false,
+                generation: 0,
             }),
+            file: None,
+        }
+    }
+
+    /// Keeps this cloud's state in the file at `path` (and a lock file beside it), so that it
+    /// outlives the process and is shared by every process given the same file: an existing
+    /// file's cloud is taken up as it is (its instances, bills, and the epoch its traces
+    /// count from); a missing one is created.
+    pub fn shared(mut self, path: &Path) -> Result<Self, StateFileError> {
+        let file = StateFile {
+            path: path.to_owned(),
+            lock: {
+                let mut l = path.to_owned().into_os_string();
+                l.push(".lock");
+                PathBuf::from(l)
+            },
+        };
+        let _lock = file.lock()?;
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        match file.read()? {
+            Some(d) => {
+                if d.flavour != self.cfg.flavour || d.seed != self.cfg.seed {
+                    return Err(StateFileError::Other {
+                        path: file.path.clone(),
+                        found: d.flavour,
+                        found_seed: d.seed,
+                        flavour: self.cfg.flavour,
+                        seed: self.cfg.seed,
+                    });
+                }
+                self.epoch = d.epoch;
+                st.next_prune = d.epoch;
+                load(st, d, self.cfg.seed ^ self.cfg.flavour as u64);
+            }
+            None => {
+                let d = Durable {
+                    flavour: self.cfg.flavour,
+                    seed: self.cfg.seed,
+                    epoch: self.epoch,
+                    generation: st.generation,
+                    next_id: st.next_id,
+                    instances: BTreeMap::new(),
+                    gone: Vec::new(),
+                    by_token: HashMap::new(),
+                    events: Vec::new(),
+                    acknowledged: Vec::new(),
+                    spot_outage: false,
+                    calm: false,
+                };
+                file.write(&d)?;
+            }
+        }
+        self.file = Some(file);
+        Ok(self)
+    }
+
+    /// The cloud's part of `st`, for its state file.
+    fn durable(&self, st: &State) -> Durable {
+        Durable {
+            flavour: self.cfg.flavour,
+            seed: self.cfg.seed,
+            epoch: self.epoch,
+            generation: st.generation,
+            next_id: st.next_id,
+            instances: st.instances.clone(),
+            gone: st.gone.clone(),
+            by_token: st.by_token.clone(),
+            events: st.events.clone(),
+            acknowledged: st.acknowledged.clone(),
+            spot_outage: st.spot_outage,
+            calm: st.calm,
         }
     }
 
@@ -309,8 +553,31 @@ impl SimCloud {
         &self.cfg
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> StateGuard<'_> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let file = self.file.as_ref().and_then(|f| {
+            let taken = f.lock().and_then(|lock| {
+                if let Some(d) = f.read()?
+                    && d.generation != st.generation
+                {
+                    load(&mut st, d, self.cfg.seed ^ self.cfg.flavour as u64);
+                }
+                Ok(lock)
+            });
+            match taken {
+                Ok(lock) => Some((f, lock)),
+                Err(e) => {
+                    // Carry on with this process's own view; the next call tries again.
+                    tracing::error!(error = %e, "cannot read the simulated cloud's state");
+                    None
+                }
+            }
+        });
+        StateGuard {
+            st,
+            file,
+            cloud: self,
+        }
     }
 
     fn notice_window(&self) -> Duration {

@@ -259,6 +259,7 @@ mod tests {
             ),
             catalog_dir: None,
             observer: None,
+            sim_state_dir: None,
         };
         registry::build(&cfgs, &ctx).await.expect("builds").sims
     }

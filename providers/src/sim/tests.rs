@@ -478,3 +478,96 @@ async fn a_calm_market_sells_spot_and_takes_nothing_back() {
         other => panic!("expected the trace's capacity error, got {other:?}"),
     }
 }
+
+/// A cloud of the same flavour and seed as `setup`'s, on `clock`, kept in `path`.
+fn shared_at(clock: &ManualClock, path: &std::path::Path) -> SimCloud {
+    let mut cfg = SimConfig::new(Cloud::Aws, 7);
+    cfg.boot_seconds = (60, 60);
+    cfg.pool_capacity = 2;
+    SimCloud::new(
+        cfg,
+        vec![row("p3.2xlarge", "us-east-1a")],
+        traces(),
+        Arc::new(clock.clone()),
+    )
+    .shared(path)
+    .expect("state file")
+}
+
+#[tokio::test]
+async fn a_cloud_with_a_state_file_outlives_its_process_and_is_shared() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("aws.json");
+    let (_, clock) = setup(Cloud::Aws);
+    let a = shared_at(&clock, &path);
+    // Another process (a replica) on the same file, started later: the same cloud.
+    clock.advance(Duration::minutes(3));
+    let b = shared_at(&clock, &path);
+    let req = request(&a, Market::OnDemand, "tok-1").await;
+    let bought = a.provision(&req).await.expect("bought");
+    let listed = b.list_instances(&BTreeMap::new()).await.expect("listed");
+    assert_eq!(
+        listed.iter().map(|i| &i.provider_id).collect::<Vec<_>>(),
+        [&bought.provider_id],
+        "the replica sees the instance"
+    );
+    // The replica retrying the call with the same client token gets the same instance.
+    let again = b.provision(&req).await.expect("idempotent");
+    assert_eq!(again.provider_id, bought.provider_id);
+    clock.advance(Duration::minutes(30));
+    b.terminate(&bought.provider_id).await.expect("terminated");
+    let seen = a.list_instances(&BTreeMap::new()).await.expect("listed");
+    assert!(
+        seen.iter()
+            .all(|i| i.state == InstanceState::Terminated || i.state == InstanceState::Terminating),
+        "{seen:?}"
+    );
+    // A restart: the bills of every instance ever run are still there, the same in all.
+    let restarted = shared_at(&clock, &path);
+    let bills = restarted.bills();
+    assert_eq!(bills.len(), 1, "{bills:?}");
+    assert_eq!(bills, a.bills());
+    assert_eq!(bills[0].node_id, Some(req.node_id));
+    assert!(bills[0].cost > Micros::ZERO);
+    // Trace offsets count from the first process's start, whoever reads them.
+    let t = clock.now();
+    for at in 0..30 {
+        let t = t + Duration::minutes(at);
+        assert_eq!(
+            a.spot_available("us-east-1a", "p3.2xlarge", t),
+            b.spot_available("us-east-1a", "p3.2xlarge", t)
+        );
+    }
+}
+
+#[test]
+fn a_state_file_of_another_cloud_or_corrupt_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("aws.json");
+    let (_, clock) = setup(Cloud::Aws);
+    drop(shared_at(&clock, &path));
+    let other = SimCloud::new(
+        SimConfig::new(Cloud::Gcp, 7),
+        vec![],
+        traces(),
+        Arc::new(clock.clone()),
+    )
+    .shared(&path)
+    .expect_err("another cloud's file");
+    let text = other.to_string();
+    assert!(text.contains("aws.json") && text.contains("gcp"), "{text}");
+    std::fs::write(&path, b"{\"flavour\":").expect("write");
+    let corrupt = SimCloud::new(
+        SimConfig::new(Cloud::Aws, 7),
+        vec![],
+        traces(),
+        Arc::new(clock.clone()),
+    )
+    .shared(&path)
+    .expect_err("corrupt");
+    let text = corrupt.to_string();
+    assert!(
+        text.contains("aws.json") && text.contains("move it away"),
+        "{text}"
+    );
+}

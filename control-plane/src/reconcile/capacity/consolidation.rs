@@ -185,6 +185,7 @@ impl CapacityLoop {
                 .await
             {
                 Ok(()) => {
+                    crate::crash_point!("consolidation");
                     tracing::info!(node = %c.node, jobs = c.jobs.len(), targets = ?c.targets,
                         replacement = c.replacement.as_ref().map(|o| o.id()),
                         saving_hourly = %c.saving_hourly, move_cost = %c.move_cost,

@@ -68,12 +68,20 @@ pub struct CapacityReport {
     pub ready: usize,
     /// Nodes whose instance the cloud took or lost.
     pub vanished: usize,
+    /// Instances found for nodes whose buyer stopped before recording them.
+    pub adopted: usize,
     pub orphans: usize,
 }
 
 impl Report for CapacityReport {
     fn is_quiet(&self) -> bool {
-        self.bought + self.released + self.vanished + self.orphans + self.ready + self.consolidated
+        self.bought
+            + self.released
+            + self.vanished
+            + self.adopted
+            + self.orphans
+            + self.ready
+            + self.consolidated
             == 0
     }
 }

@@ -221,6 +221,7 @@ impl CapacityLoop {
                     self.settings.node_boot_script.as_deref(),
                 ))
             };
+            crate::crash_point!("provision-after-node-row");
             labels.insert("spotplane-job".into(), buy.job.to_string());
             let req = ProvisionRequest {
                 node_id,
@@ -231,9 +232,11 @@ impl CapacityLoop {
             };
             match provider.provision(&req).await {
                 Ok(inst) => {
+                    crate::crash_point!("provision-after-cloud-call");
                     self.store
                         .set_node_instance(node_id, &inst.provider_id, now)
                         .await?;
+                    crate::crash_point!("provision-before-booting");
                     self.store
                         .transition_node(node_id, NodeState::Booting, None, now)
                         .await?;
@@ -299,6 +302,7 @@ impl CapacityLoop {
             tracing::warn!(node = %node, error = %e, "terminate failed; trying again next round");
             return Ok(false);
         }
+        crate::crash_point!("release");
         self.store
             .transition_node(node, NodeState::Terminated, Some(reason.to_owned()), now)
             .await?;

@@ -8,9 +8,13 @@
 //!   unasked (no notice was counted for it) is an interruption of its pool, and its offer is
 //!   set aside. A node bought in the last two minutes may not be listed yet (the clouds'
 //!   listings are eventually consistent) and is left alone.
+//! - A node still `requested` with no instance recorded is one whose buyer stopped (a crash, a
+//!   lost leadership) around its cloud call. The instance carrying the node's id in its tags is
+//!   adopted: recorded on the node, which goes on booting, so the work it was bought for is not
+//!   bought twice and nothing is paid for twice. With none listed after the listing lag, the
+//!   cloud call never happened and the node is closed.
 //! - An instance with the cluster tag that no live node knows, older than `orphan_grace`, is an
-//!   orphan (a crash between the cloud call and the store write, or a node row lost) and is
-//!   terminated.
+//!   orphan (a node row lost, or an instance bought twice) and is terminated.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -37,6 +41,11 @@ pub enum SyncAction {
         node: NodeId,
         interrupted: Option<String>,
     },
+    /// A `requested` node's instance, found by the node id in its tags: record it.
+    Adopt { node: NodeId, instance: String },
+    /// A `requested` node with no instance anywhere after the listing lag: its cloud call
+    /// never happened.
+    NeverBought(NodeId),
     /// An instance no live node knows, past the grace: terminate it.
     Orphan(String),
 }
@@ -66,8 +75,33 @@ pub fn diff(
         .map(|i| (i.provider_id.as_str(), i))
         .collect();
     let mut out = Vec::new();
+    let mut adopted: HashSet<&str> = HashSet::new();
+    let gone = |i: &Instance| {
+        matches!(
+            i.state,
+            InstanceState::Terminated | InstanceState::Terminating
+        )
+    };
     for n in nodes.iter().filter(|n| n.cloud == cloud) {
         let Some(pid) = &n.provider_instance_id else {
+            if n.state == NodeState::Requested {
+                match instances
+                    .iter()
+                    .find(|i| i.node_id == Some(n.id) && !gone(i))
+                {
+                    Some(i) => {
+                        adopted.insert(&i.provider_id);
+                        out.push(SyncAction::Adopt {
+                            node: n.id,
+                            instance: i.provider_id.clone(),
+                        });
+                    }
+                    None if now - n.created_at >= LISTING_LAG => {
+                        out.push(SyncAction::NeverBought(n.id));
+                    }
+                    None => {}
+                }
+            }
             continue;
         };
         match by_id.get(pid.as_str()).map(|i| i.state) {
@@ -93,17 +127,14 @@ pub fn diff(
             _ => {}
         }
     }
-    let known: HashSet<&str> = nodes
+    let mut known: HashSet<&str> = nodes
         .iter()
         .filter_map(|n| n.provider_instance_id.as_deref())
         .collect();
+    known.extend(adopted);
     for i in instances {
-        let gone = matches!(
-            i.state,
-            InstanceState::Terminated | InstanceState::Terminating
-        );
         let old = i.launched_at.is_some_and(|t| now - t > rules.orphan_grace);
-        if !known.contains(i.provider_id.as_str()) && !gone && old {
+        if !known.contains(i.provider_id.as_str()) && !gone(i) && old {
             out.push(SyncAction::Orphan(i.provider_id.clone()));
         }
     }
@@ -159,6 +190,28 @@ impl CapacityLoop {
                             )
                             .await?;
                         report.vanished += 1;
+                    }
+                    SyncAction::Adopt { node, instance } => {
+                        tracing::info!(%cloud, %node, %instance, "adopted the instance of a node whose buyer stopped before recording it");
+                        self.store.set_node_instance(node, &instance, now).await?;
+                        self.store
+                            .transition_node(node, NodeState::Booting, None, now)
+                            .await?;
+                        report.adopted += 1;
+                    }
+                    SyncAction::NeverBought(node) => {
+                        tracing::info!(%cloud, %node, "closing a node whose buyer stopped before its cloud call");
+                        self.store
+                            .transition_node(
+                                node,
+                                NodeState::Terminated,
+                                Some(
+                                    "never bought: the control plane stopped before its cloud call"
+                                        .into(),
+                                ),
+                                now,
+                            )
+                            .await?;
                     }
                     SyncAction::Orphan(instance) => match p.terminate(&instance).await {
                         Ok(()) => {
@@ -359,6 +412,69 @@ mod tests {
             let got = diff(Cloud::Gcp, &[n], &instances, &noticed, rules, t0());
             assert_eq!(got, want, "{case}");
         }
+    }
+
+    #[test]
+    fn a_requested_node_without_its_instance_recorded_adopts_it_or_is_closed() {
+        let id = |n: u128| NodeId::from_uuid(uuid::Uuid::from_u128(n));
+        let unrecorded = |n: u128, age_min: i64| {
+            let mut node = node(n, NodeState::Requested, Market::Spot, age_min);
+            node.provider_instance_id = None;
+            node
+        };
+        let tagged = |pid: &str, n: u128, state: InstanceState| {
+            let mut i = instance(pid, state, 20);
+            i.node_id = Some(id(n));
+            i
+        };
+        // (case, node, listing, expected)
+        let table: Vec<(&str, Node, Vec<Instance>, Vec<SyncAction>)> = vec![
+            (
+                "its instance is listed with its id: adopted, and no orphan though old",
+                unrecorded(1, 20),
+                vec![tagged("i-9", 1, InstanceState::Running)],
+                vec![SyncAction::Adopt {
+                    node: id(1),
+                    instance: "i-9".into(),
+                }],
+            ),
+            (
+                "another node's instance is not its own",
+                unrecorded(1, 1),
+                vec![tagged("i-9", 2, InstanceState::Pending)],
+                vec![SyncAction::Orphan("i-9".into())],
+            ),
+            (
+                "nothing listed yet, within the listing lag: wait",
+                unrecorded(1, 1),
+                vec![],
+                vec![],
+            ),
+            (
+                "nothing listed after the lag: never bought",
+                unrecorded(1, 3),
+                vec![],
+                vec![SyncAction::NeverBought(id(1))],
+            ),
+            (
+                "only a terminated instance: never bought (nothing to adopt)",
+                unrecorded(1, 3),
+                vec![tagged("i-9", 1, InstanceState::Terminated)],
+                vec![SyncAction::NeverBought(id(1))],
+            ),
+        ];
+        for (case, n, listed, want) in table {
+            let got = diff(Cloud::Gcp, &[n], &listed, &HashSet::new(), REAL, t0());
+            assert_eq!(got, want, "{case}");
+        }
+        // A booting node with no instance recorded is not this case (it cannot happen, and
+        // closing it would be wrong): only `requested` nodes are adopted or closed.
+        let mut booting = unrecorded(1, 30);
+        booting.state = NodeState::Booting;
+        assert_eq!(
+            diff(Cloud::Gcp, &[booting], &[], &HashSet::new(), REAL, t0()),
+            []
+        );
     }
 
     #[test]
