@@ -144,6 +144,10 @@ pub struct Instance {
     pub market: Market,
     pub state: InstanceState,
     pub launched_at: Option<DateTime<Utc>>,
+    /// When it ended, where the cloud says (the simulated clouds do; the real ones' listings
+    /// carry no such time, and their nodes are billed to when the control plane saw the end).
+    #[serde(default)]
+    pub ended_at: Option<DateTime<Utc>>,
     pub tags: BTreeMap<String, String>,
 }
 

@@ -89,6 +89,9 @@ pub struct NodeInput {
     pub billed_from: DateTime<Utc>,
     /// ...to here (`None`: still running).
     pub billed_to: Option<DateTime<Utc>>,
+    /// While it runs, billed no further than this: the last time its cloud showed it still
+    /// there (`None`: no such limit). An end heard late is then not billed past.
+    pub confirmed_until: Option<DateTime<Utc>>,
     /// The ledger has the node's time before this (`None`: nothing yet).
     pub until: Option<DateTime<Utc>>,
     pub gpus: u32,
@@ -228,7 +231,8 @@ fn node_lines(n: &NodeInput, horizon: DateTime<Utc>, lines: &mut Vec<Line>) -> O
     if n.prices.is_empty() {
         return None;
     }
-    let end = n.billed_to.map_or(horizon, |t| t.min(horizon));
+    let open_to = n.confirmed_until.map_or(horizon, |c| c.min(horizon));
+    let end = n.billed_to.map_or(open_to, |t| t.min(horizon));
     let start = n.until.unwrap_or(n.billed_from).max(n.billed_from);
     let closed = n.billed_to.is_some_and(|t| t <= horizon);
     if start >= end {

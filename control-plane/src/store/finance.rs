@@ -75,18 +75,30 @@ fn share_of(a: &allocation::Model) -> Result<Share, StoreError> {
 
 /// When a node is billed: from its request until it is terminated. A node that ended without
 /// ever getting an instance (no instance id, never ready) was never billed.
-fn billing(n: &node::Model) -> Result<(DateTime<Utc>, Option<DateTime<Utc>>), StoreError> {
+/// A node's billed time: from its instance's launch to its end, as the cloud says when it has
+/// (`launched_at`, `ended_at`), else as the control plane recorded them (`created_at`,
+/// `terminated_at`). `None`: nothing to bill yet, a node whose instance is not recorded (its
+/// cloud call has not answered, or its buyer stopped before recording it and the next sync
+/// will adopt it): a node bought costs from its instance's launch, not from its row.
+fn billing(n: &node::Model) -> Result<Option<(DateTime<Utc>, Option<DateTime<Utc>>)>, StoreError> {
     let state: NodeState = parse_col("nodes", &n.id, &n.state)?;
     let ended = state == NodeState::Terminated;
-    if ended && n.provider_instance_id.is_none() && n.ready_at.is_none() {
-        return Ok((n.created_at, Some(n.created_at)));
+    if n.provider_instance_id.is_none() && n.ready_at.is_none() {
+        return Ok(ended.then_some((n.created_at, Some(n.created_at))));
     }
+    let from = n.launched_at.unwrap_or(n.created_at);
     let end = if ended {
-        Some(n.terminated_at.unwrap_or(n.updated_at).max(n.created_at))
+        Some(
+            n.ended_at
+                .or(n.terminated_at)
+                .unwrap_or(n.updated_at)
+                .max(from),
+        )
     } else {
-        None
+        // The cloud may say it ended before the control plane has heard.
+        n.ended_at.map(|e| e.max(from))
     };
-    Ok((n.created_at, end))
+    Ok(Some((from, end)))
 }
 
 fn line_to_row(l: &Line, now: DateTime<Utc>) -> ledger_entry::ActiveModel {
@@ -321,7 +333,9 @@ impl Store {
             }
             let mut out = Vec::with_capacity(nodes.len());
             for (n, progress) in nodes {
-                let (billed_from, billed_to) = billing(&n)?;
+                let Some((billed_from, billed_to)) = billing(&n)? else {
+                    continue;
+                };
                 let until = progress.map(|p| p.until);
                 let from = until.unwrap_or(billed_from).max(billed_from);
                 // Prices: the one in force at the billing start, then every later point.
@@ -383,6 +397,7 @@ impl Store {
                     market: parse_col("nodes", &n.id, &n.market)?,
                     billed_from,
                     billed_to,
+                    confirmed_until: n.cloud_seen_at,
                     until,
                     gpus: gpus.get(&n.id).copied().unwrap_or(0),
                     cpu_milli: u64::try_from(n.cpu_milli).unwrap_or(0),

@@ -144,6 +144,9 @@ impl Store {
                 updated_at: Set(now),
                 ready_at: Set(None),
                 terminated_at: Set(None),
+                launched_at: Set(None),
+                ended_at: Set(None),
+                cloud_seen_at: Set(None),
             }
             .insert(&txn)
             .await?;
@@ -282,6 +285,63 @@ impl Store {
                 .await?;
             if res.rows_affected == 0 {
                 return Err(StoreError::NotFound(format!("node {id}")));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Records what the cloud says of a node's instance: when it was launched and when it
+    /// ended. Each is written once, the first time the cloud tells it (the ledger bills from
+    /// these; a later, different answer does not move a bill already running). Returns whether
+    /// anything was written.
+    pub async fn record_cloud_times(
+        &self,
+        id: NodeId,
+        launched_at: Option<DateTime<Utc>>,
+        ended_at: Option<DateTime<Utc>>,
+    ) -> Result<bool, StoreError> {
+        self.measured("record_cloud_times", || async {
+            let mut wrote = false;
+            for (column, at) in [
+                (node::Column::LaunchedAt, launched_at),
+                (node::Column::EndedAt, ended_at),
+            ] {
+                let Some(at) = at else { continue };
+                let res = node::Entity::update_many()
+                    .col_expr(column, sea_orm::sea_query::Expr::value(Some(at)))
+                    .filter(node::Column::Id.eq(id.to_string()))
+                    .filter(column.is_null())
+                    .exec(&self.write)
+                    .await?;
+                wrote |= res.rows_affected > 0;
+            }
+            Ok(wrote)
+        })
+        .await
+    }
+
+    /// Records that a listing of their cloud at `at` showed these nodes' instances still there
+    /// (the ledger bills a node whose end is not known up to here).
+    pub async fn record_cloud_seen(
+        &self,
+        nodes: &[NodeId],
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        self.measured("record_cloud_seen", || async {
+            for chunk in nodes.chunks(500) {
+                node::Entity::update_many()
+                    .col_expr(
+                        node::Column::CloudSeenAt,
+                        sea_orm::sea_query::Expr::value(Some(at)),
+                    )
+                    .filter(node::Column::Id.is_in(chunk.iter().map(|n| n.to_string())))
+                    .filter(node::Column::EndedAt.is_null())
+                    .exec(&self.write)
+                    .await?;
             }
             Ok(())
         })

@@ -514,6 +514,7 @@ impl AwsProvider {
             },
             state: i.state,
             launched_at: i.launched_at,
+            ended_at: None,
             tags: i.tags,
         }
     }
@@ -614,6 +615,7 @@ impl CloudProvider for AwsProvider {
                 market: req.offer.market,
                 state: InstanceState::Pending,
                 launched_at: None,
+                ended_at: None,
                 tags: req.tags.clone(),
             }),
         }

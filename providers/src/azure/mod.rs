@@ -464,6 +464,7 @@ fn instance_of(vm: &VirtualMachine, fallback_id: &str, power: Option<&str>) -> I
             .as_deref()
             .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
             .map(|t| t.with_timezone(&Utc)),
+        ended_at: None,
         tags: vm.tags.clone(),
     }
 }

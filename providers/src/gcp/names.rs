@@ -162,6 +162,7 @@ pub(super) fn to_instance(
             .as_deref()
             .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
             .map(|t| t.with_timezone(&Utc)),
+        ended_at: None,
         tags,
     }
 }

@@ -774,6 +774,7 @@ impl SimCloud {
             market: i.market,
             state: i.state(now),
             launched_at: Some(i.launched_at),
+            ended_at: i.terminated_at.filter(|t| *t <= now),
             tags: i.tags.clone(),
         }
     }
@@ -1022,6 +1023,7 @@ impl SimCloud {
             market: inst.market,
             from,
             to,
+            ended: inst.terminated_at.is_some_and(|t| t <= now),
             cost: Micros::from_price_millis(cost),
             on_demand_cost: Micros::from_price_millis(list),
         })
@@ -1047,6 +1049,8 @@ pub struct InstanceBill {
     /// Billed from launch to termination (or now).
     pub from: DateTime<Utc>,
     pub to: DateTime<Utc>,
+    /// Whether it has ended (`to` is its end), or still runs (`to` is now).
+    pub ended: bool,
     pub cost: Micros,
     /// The same time at the on-demand price.
     pub on_demand_cost: Micros,

@@ -52,6 +52,7 @@ fn eight_gpu_node() -> NodeInput {
         market: Market::Spot,
         billed_from: t(0, 0),
         billed_to: None,
+        confirmed_until: None,
         until: None,
         gpus: 8,
         cpu_milli: 96_000,
@@ -190,6 +191,33 @@ fn a_terminated_node_is_closed_and_billed_to_its_end_only() {
 }
 
 #[test]
+fn a_running_node_is_billed_only_as_far_as_its_cloud_confirmed_it() {
+    // The cloud last showed it at 0:30; the horizon is at 2:00. Its end, heard later, was
+    // 0:40: billed to 0:30 first, then to 0:40, never past.
+    let mut n = eight_gpu_node();
+    n.confirmed_until = Some(t(0, 30));
+    let first = ledger(std::slice::from_ref(&n), t(2, 0));
+    assert_eq!(first.progress[0].until, t(0, 30));
+    assert!(!first.progress[0].closed);
+    n.until = Some(t(0, 30));
+    n.billed_to = Some(t(0, 40));
+    let second = ledger(std::slice::from_ref(&n), t(2, 0));
+    assert!(second.progress[0].closed);
+    let mut whole = eight_gpu_node();
+    whole.billed_to = Some(t(0, 40));
+    let at_once = ledger(&[whole], t(2, 0));
+    assert_eq!(
+        sum(&first.lines, |_| true) + sum(&second.lines, |_| true),
+        sum(&at_once.lines, |_| true),
+        "in two steps as in one"
+    );
+    // The horizon still bounds it when the cloud confirmed later.
+    let mut ahead = eight_gpu_node();
+    ahead.confirmed_until = Some(t(5, 0));
+    assert_eq!(ledger(&[ahead], t(1, 0)).progress[0].until, t(1, 0));
+}
+
+#[test]
 fn the_largest_remainder_goes_first_and_parts_sum_to_the_whole() {
     assert_eq!(
         apportion(Micros(10), &[1, 1, 1]),
@@ -295,6 +323,7 @@ fn arb_node() -> impl Strategy<Value = NodeInput> {
             market: Market::Spot,
             billed_from: start,
             billed_to: Some(start + Duration::hours(9) + Duration::seconds(17)),
+            confirmed_until: None,
             until: None,
             gpus,
             cpu_milli: 8000,

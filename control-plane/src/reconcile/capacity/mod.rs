@@ -118,6 +118,9 @@ pub struct CapacityLoop {
     remaining: HashMap<JobId, (DateTime<Utc>, f64)>,
     /// Spot nodes whose notice has been counted against their pool.
     noticed: std::collections::HashSet<NodeId>,
+    /// Nodes whose instance's launch (`false`) or launch and end (`true`) the store has from
+    /// the cloud already, so that the sync writes each once.
+    cloud_timed: HashMap<NodeId, bool>,
     last_round: Option<DateTime<Utc>>,
     /// Gangs whose nodes could not all be bought: not bought for again until then (and how
     /// many times in a row it failed).
@@ -145,6 +148,7 @@ impl CapacityLoop {
             node_jobs: HashMap::new(),
             remaining: HashMap::new(),
             noticed: std::collections::HashSet::new(),
+            cloud_timed: HashMap::new(),
             last_round: None,
             gang_backoff: HashMap::new(),
         }

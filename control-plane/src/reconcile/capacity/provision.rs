@@ -236,6 +236,10 @@ impl CapacityLoop {
                     self.store
                         .set_node_instance(node_id, &inst.provider_id, now)
                         .await?;
+                    // Billed from the instance's launch, as the cloud bills it.
+                    self.store
+                        .record_cloud_times(node_id, inst.launched_at, None)
+                        .await?;
                     crate::crash_point!("provision-before-booting");
                     self.store
                         .transition_node(node_id, NodeState::Booting, None, now)

@@ -142,6 +142,26 @@ pub fn diff(
 }
 
 impl CapacityLoop {
+    /// Records what a cloud's listing says of its nodes' instances — their launch and, once
+    /// they have ended, their end — for the ledger to bill as the cloud does. Terminated nodes
+    /// included: a released instance's end is the cloud's, a moment after the control plane's
+    /// call, and the ledger settles behind by `finance.settle`, so it bills the cloud's.
+    async fn record_cloud_times(&mut self, instances: &[Instance]) -> Result<(), StoreError> {
+        for i in instances {
+            let Some(node) = i.node_id else { continue };
+            let known = self.cloud_timed.get(&node).copied();
+            let ended = i.ended_at.is_some();
+            if known == Some(true) || (known == Some(false) && !ended) {
+                continue;
+            }
+            self.store
+                .record_cloud_times(node, i.launched_at, i.ended_at)
+                .await?;
+            self.cloud_timed.insert(node, ended);
+        }
+        Ok(())
+    }
+
     /// Brings the store in step with what the clouds say, and sweeps orphans. A cloud whose
     /// listing fails is not synced this round.
     pub(super) async fn sync(
@@ -167,6 +187,13 @@ impl CapacityLoop {
                     && self.providers.sim(cloud).is_some(),
                 orphan_grace: self.settings.orphan_grace,
             };
+            self.record_cloud_times(&instances).await?;
+            let there: Vec<NodeId> = instances
+                .iter()
+                .filter(|i| i.ended_at.is_none() && i.state != InstanceState::Terminated)
+                .filter_map(|i| i.node_id)
+                .collect();
+            self.store.record_cloud_seen(&there, now).await?;
             for action in diff(cloud, &nodes, &instances, &self.noticed, rules, now) {
                 match action {
                     SyncAction::Ready(node) => {
@@ -279,6 +306,7 @@ mod tests {
             market: Market::Spot,
             state,
             launched_at: Some(t0() - Duration::minutes(age_min)),
+            ended_at: None,
             tags: BTreeMap::new(),
         }
     }

@@ -29,6 +29,11 @@ pub struct Model {
     pub updated_at: DateTimeUtc,
     pub ready_at: Option<DateTimeUtc>,
     pub terminated_at: Option<DateTimeUtc>,
+    /// When the cloud says the instance was launched and ended (billing's start and end).
+    pub launched_at: Option<DateTimeUtc>,
+    pub ended_at: Option<DateTimeUtc>,
+    /// The last listing of its cloud that showed the instance still there.
+    pub cloud_seen_at: Option<DateTimeUtc>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
