@@ -36,7 +36,7 @@ pub const KEY_LEN: usize = 32;
 /// Bytes of the nonce that starts a sealed value.
 const NONCE_LEN: usize = 24;
 /// The largest value a secret may hold, in bytes.
-pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+pub const MAX_VALUE_BYTES: usize = spotplane_core::limits::SECRET_VALUE_BYTES.max as usize;
 /// Separates the parts of the associated data, and names its layout.
 const AAD_PREFIX: &[u8] = b"spotplane team secret v1\0";
 /// The same for webhook signing secrets: differs from [`AAD_PREFIX`], so neither kind opens as
@@ -340,12 +340,10 @@ pub fn validate_secret(name: &str, value: &str) -> FieldErrors {
         errs.push("value", "must not be empty");
     }
     if value.len() > MAX_VALUE_BYTES {
-        errs.push(
+        errs.push_over(
             "value",
-            format!(
-                "must be at most {MAX_VALUE_BYTES} bytes, not {}",
-                value.len()
-            ),
+            &spotplane_core::limits::SECRET_VALUE_BYTES,
+            format_args!("has {} bytes", value.len()),
         );
     }
     if value.contains('\0') {
