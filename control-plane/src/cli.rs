@@ -66,6 +66,16 @@ pub struct OffersArgs {
     pub json: bool,
 }
 
+/// `spotplane secrets`.
+#[derive(Debug, Subcommand)]
+pub enum SecretsCommand {
+    /// Seal every team secret and webhook signing secret under the current key
+    /// (`secrets.key` / `secrets.key_file`), opening them with it or `secrets.previous_keys`.
+    /// Run it after a rotation, once every replica has the new configuration; then remove the
+    /// previous keys. Writes nothing if any row cannot be opened, and names each such row.
+    Reseal,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum CatalogCommand {
     /// Regenerate aws.csv and gcp.csv from SkyPilot's catalog CSVs and the recorded market

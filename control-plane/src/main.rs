@@ -14,7 +14,7 @@ use reqwest::Method;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use spotplane::cli::{
-    CatalogCommand, ClientArgs, ExportArgs, HealthcheckArgs, JobCommand, OffersArgs,
+    CatalogCommand, ClientArgs, ExportArgs, HealthcheckArgs, JobCommand, OffersArgs, SecretsCommand,
 };
 use spotplane::client::Client;
 use spotplane::clock::SystemClock;
@@ -49,6 +49,9 @@ enum Command {
     Serve,
     /// Apply pending database migrations and exit.
     Migrate,
+    /// Maintain the secrets stored sealed (team secrets, webhook signing secrets).
+    #[command(subcommand)]
+    Secrets(SecretsCommand),
     /// Run everything on this machine: SQLite, a local-folder object store, simulated clouds.
     Demo(DemoArgs),
     /// Check the configuration and print it with every override applied.
@@ -187,6 +190,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     println!("applied {m}");
                 }
             }
+            Ok(())
+        }
+        Command::Secrets(SecretsCommand::Reseal) => {
+            let config = Config::load(cli.config.as_deref())?;
+            telemetry::init(&config.log);
+            let key = spotplane::secrets::SecretsKey::load(&config.secrets)
+                .context("loading the secrets key (secrets.key_file / secrets.key)")?;
+            let store = Store::connect(&config.database, Metrics::new()).await?;
+            store
+                .migrate()
+                .await
+                .context("applying database migrations")?;
+            store.seal_clear_webhook_secrets(&key).await?;
+            let r = store.reseal_secrets(&key).await?;
+            println!(
+                "resealed {} team secrets and the signing secrets of {} webhook subscriptions under the current key; {} rows already were",
+                r.team_secrets, r.webhook_subscriptions, r.already_current
+            );
             Ok(())
         }
         Command::Demo(args) => {

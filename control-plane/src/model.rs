@@ -212,7 +212,7 @@ pub struct Page<T> {
 
 /// Page sizes of every list.
 pub const DEFAULT_PAGE_LIMIT: u64 = 50;
-pub const MAX_PAGE_LIMIT: u64 = 500;
+pub const MAX_PAGE_LIMIT: u64 = spotplane_core::limits::PAGE_SIZE.max;
 
 /// The page a list request asks for: the items after `after` (the key of the last item of the
 /// page before, which is what `next_cursor` holds), at most `limit` of them.

@@ -6,9 +6,21 @@
 //! `nonce ‖ ciphertext ‖ tag` and nothing readable, and a sealed value copied to another team
 //! or name fails to open, as does one sealed under another key or altered in any byte.
 //!
+//! Webhook signing secrets are sealed the same way under the same key, with associated data of
+//! their own: a versioned prefix that differs from team secrets', the subscription's id and
+//! the slot (`current` or `previous`). A sealed value therefore opens only in the row and
+//! column it was written for, and never as the other kind.
+//!
 //! The key comes from `secrets.key` (base64, for replicas sharing one) or the file
 //! `secrets.key_file`, created with 32 random bytes, readable by its owner only, on the first
 //! start. Losing it loses every secret: docs/deploy.md says to back it up.
+//!
+//! # Rotation
+//!
+//! `secrets.previous_keys` lists keys that still open (never seal): opening tries the current
+//! key, then each previous one in order. `spotplane secrets reseal` seals every stored value
+//! under the current key ([`crate::store::Store::reseal_secrets`]); after it, the previous
+//! keys can be removed.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -24,20 +36,55 @@ pub const KEY_LEN: usize = 32;
 /// Bytes of the nonce that starts a sealed value.
 const NONCE_LEN: usize = 24;
 /// The largest value a secret may hold, in bytes.
-pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+pub const MAX_VALUE_BYTES: usize = spotplane_core::limits::SECRET_VALUE_BYTES.max as usize;
 /// Separates the parts of the associated data, and names its layout.
 const AAD_PREFIX: &[u8] = b"spotplane team secret v1\0";
+/// The same for webhook signing secrets: differs from [`AAD_PREFIX`], so neither kind opens as
+/// the other.
+const WEBHOOK_AAD_PREFIX: &[u8] = b"spotplane webhook signing secret v1\0";
 
-/// The control plane's secrets key. Its `Debug` shows nothing of it.
+/// The control plane's secrets key: the one that seals, and the previous ones that still open
+/// (`secrets.previous_keys`). Its `Debug` shows nothing of them.
 #[derive(Clone)]
 pub struct SecretsKey {
     cipher: XChaCha20Poly1305,
+    previous: Vec<XChaCha20Poly1305>,
 }
 
 impl fmt::Debug for SecretsKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SecretsKey(<redacted>)")
+        write!(
+            f,
+            "SecretsKey(<redacted>, {} previous)",
+            self.previous.len()
+        )
     }
+}
+
+/// Which column of a webhook subscription a sealed signing secret belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookSlot {
+    /// `secret`: the one every delivery is signed with.
+    Current,
+    /// `previous_secret`: the rotated-out one, signed with during the overlap.
+    Previous,
+}
+
+impl WebhookSlot {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebhookSlot::Current => "current",
+            WebhookSlot::Previous => "previous",
+        }
+    }
+}
+
+/// What opening found: the value, and whether the current key opened it (if not, a previous
+/// one did, and `reseal` has work to do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opened {
+    pub value: String,
+    pub under_current: bool,
 }
 
 /// Why the key could not be had.
@@ -49,6 +96,8 @@ pub enum KeyError {
         "secrets key file {path}: {reason}; restore it from its backup (it must hold the 32 bytes it was created with), or move it away to start with a new key and lose every stored secret"
     )]
     Corrupt { path: PathBuf, reason: String },
+    #[error("secrets.previous_keys[{index}]: {reason}")]
+    BadPrevious { index: usize, reason: String },
     #[error("secrets key file {path}: {source}")]
     Io {
         path: PathBuf,
@@ -60,7 +109,7 @@ pub enum KeyError {
 /// A sealed value that does not open: another key, another team or name, or altered bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "cannot be decrypted with this control plane's secrets key (sealed under another key, or the row was altered or moved)"
+    "cannot be decrypted with this control plane's secrets key or any of secrets.previous_keys (sealed under a key not configured, or the row was altered or moved)"
 )]
 pub struct OpenError;
 
@@ -68,7 +117,14 @@ impl SecretsKey {
     pub fn from_bytes(bytes: &[u8; KEY_LEN]) -> SecretsKey {
         SecretsKey {
             cipher: XChaCha20Poly1305::new(&(*bytes).into()),
+            previous: Vec::new(),
         }
+    }
+
+    /// This key, also opening what `previous` (tried in order, after this one) sealed.
+    pub fn with_previous(mut self, previous: impl IntoIterator<Item = SecretsKey>) -> SecretsKey {
+        self.previous.extend(previous.into_iter().map(|k| k.cipher));
+        self
     }
 
     /// A fresh random key (for tests and first starts).
@@ -93,11 +149,24 @@ impl SecretsKey {
     }
 
     /// The key the settings name: `key` when set, else the file, created when absent.
+    /// Also opens with `previous_keys`.
     pub fn load(settings: &SecretsSettings) -> Result<SecretsKey, KeyError> {
-        match &settings.key {
-            Some(text) => SecretsKey::from_base64(text.expose()),
-            None => SecretsKey::load_or_create_file(&settings.key_file),
-        }
+        let previous = settings
+            .previous_keys
+            .iter()
+            .enumerate()
+            .map(|(index, k)| {
+                SecretsKey::from_base64(k.expose()).map_err(|e| KeyError::BadPrevious {
+                    index,
+                    reason: e.to_string().trim_start_matches("secrets.key: ").to_owned(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let current = match &settings.key {
+            Some(text) => SecretsKey::from_base64(text.expose())?,
+            None => SecretsKey::load_or_create_file(&settings.key_file)?,
+        };
+        Ok(current.with_previous(previous))
     }
 
     /// Reads the key file, or creates it (and its folder) with a new random key, readable and
@@ -133,9 +202,45 @@ impl SecretsKey {
 
     /// Seals `value` for the secret `name` of the team `team_id`: nonce, then ciphertext and tag.
     pub fn seal(&self, team_id: &str, name: &str, value: &str) -> Vec<u8> {
+        self.seal_with(&associated_data(AAD_PREFIX, team_id, name), value)
+    }
+
+    /// Opens what [`SecretsKey::seal`] made for the same team and name.
+    pub fn open(&self, team_id: &str, name: &str, sealed: &[u8]) -> Result<String, OpenError> {
+        self.open_detailed(team_id, name, sealed).map(|o| o.value)
+    }
+
+    /// [`SecretsKey::open`], saying which key opened it.
+    pub fn open_detailed(
+        &self,
+        team_id: &str,
+        name: &str,
+        sealed: &[u8],
+    ) -> Result<Opened, OpenError> {
+        self.open_with(&associated_data(AAD_PREFIX, team_id, name), sealed)
+    }
+
+    /// Seals a webhook signing secret for the column `slot` of the subscription
+    /// `subscription_id`.
+    pub fn seal_webhook(&self, subscription_id: &str, slot: WebhookSlot, value: &str) -> Vec<u8> {
+        let aad = associated_data(WEBHOOK_AAD_PREFIX, subscription_id, slot.as_str());
+        self.seal_with(&aad, value)
+    }
+
+    /// Opens what [`SecretsKey::seal_webhook`] made for the same subscription and slot.
+    pub fn open_webhook(
+        &self,
+        subscription_id: &str,
+        slot: WebhookSlot,
+        sealed: &[u8],
+    ) -> Result<Opened, OpenError> {
+        let aad = associated_data(WEBHOOK_AAD_PREFIX, subscription_id, slot.as_str());
+        self.open_with(&aad, sealed)
+    }
+
+    fn seal_with(&self, aad: &[u8], value: &str) -> Vec<u8> {
         let nonce_bytes: [u8; NONCE_LEN] = rand::random();
         let nonce = XNonce::from(nonce_bytes);
-        let aad = associated_data(team_id, name);
         // Encrypting into a Vec fails only for messages beyond the cipher's limit (256 GiB),
         // far above MAX_VALUE_BYTES.
         let sealed = self
@@ -144,7 +249,7 @@ impl SecretsKey {
                 &nonce,
                 Payload {
                     msg: value.as_bytes(),
-                    aad: &aad,
+                    aad,
                 },
             )
             .unwrap_or_default();
@@ -154,34 +259,43 @@ impl SecretsKey {
         out
     }
 
-    /// Opens what [`SecretsKey::seal`] made for the same team and name.
-    pub fn open(&self, team_id: &str, name: &str, sealed: &[u8]) -> Result<String, OpenError> {
+    /// Tries the current key, then each previous one.
+    fn open_with(&self, aad: &[u8], sealed: &[u8]) -> Result<Opened, OpenError> {
         if sealed.len() < NONCE_LEN {
             return Err(OpenError);
         }
         let (nonce, ciphertext) = sealed.split_at(NONCE_LEN);
         let nonce: [u8; NONCE_LEN] = nonce.try_into().map_err(|_| OpenError)?;
-        let aad = associated_data(team_id, name);
-        let plain = self
-            .cipher
-            .decrypt(
-                &XNonce::from(nonce),
-                Payload {
-                    msg: ciphertext,
-                    aad: &aad,
-                },
-            )
-            .map_err(|_| OpenError)?;
-        String::from_utf8(plain).map_err(|_| OpenError)
+        let nonce = XNonce::from(nonce);
+        let payload = || Payload {
+            msg: ciphertext,
+            aad,
+        };
+        let (plain, under_current) = match self.cipher.decrypt(&nonce, payload()) {
+            Ok(p) => (p, true),
+            Err(_) => (
+                self.previous
+                    .iter()
+                    .find_map(|c| c.decrypt(&nonce, payload()).ok())
+                    .ok_or(OpenError)?,
+                false,
+            ),
+        };
+        let value = String::from_utf8(plain).map_err(|_| OpenError)?;
+        Ok(Opened {
+            value,
+            under_current,
+        })
     }
 }
 
-/// What binds a sealed value to its place: the team id and the name, each ended by a NUL
-/// (neither can hold one), after a versioned prefix.
-fn associated_data(team_id: &str, name: &str) -> Vec<u8> {
-    let mut aad = Vec::with_capacity(AAD_PREFIX.len() + team_id.len() + name.len() + 2);
-    aad.extend_from_slice(AAD_PREFIX);
-    aad.extend_from_slice(team_id.as_bytes());
+/// What binds a sealed value to its place: the owner's id (team or subscription) and the name
+/// (a secret's name, or a webhook slot), each ended by a NUL (none can hold one), after a
+/// versioned prefix naming the kind.
+fn associated_data(prefix: &[u8], owner: &str, name: &str) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(prefix.len() + owner.len() + name.len() + 2);
+    aad.extend_from_slice(prefix);
+    aad.extend_from_slice(owner.as_bytes());
     aad.push(0);
     aad.extend_from_slice(name.as_bytes());
     aad.push(0);
@@ -226,12 +340,10 @@ pub fn validate_secret(name: &str, value: &str) -> FieldErrors {
         errs.push("value", "must not be empty");
     }
     if value.len() > MAX_VALUE_BYTES {
-        errs.push(
+        errs.push_over(
             "value",
-            format!(
-                "must be at most {MAX_VALUE_BYTES} bytes, not {}",
-                value.len()
-            ),
+            &spotplane_core::limits::SECRET_VALUE_BYTES,
+            format_args!("has {} bytes", value.len()),
         );
     }
     if value.contains('\0') {
@@ -254,6 +366,11 @@ pub struct SecretsSettings {
     /// (`SPOTPLANE_SECRETS__KEY`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<KeyText>,
+    /// Keys a rotation replaced, in base64: they still open values sealed under them (tried
+    /// after the current key, in order), never seal. Remove them after `spotplane secrets
+    /// reseal`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub previous_keys: Vec<KeyText>,
 }
 
 impl Default for SecretsSettings {
@@ -261,6 +378,7 @@ impl Default for SecretsSettings {
         SecretsSettings {
             key_file: PathBuf::from("data/secrets.key"),
             key: None,
+            previous_keys: Vec::new(),
         }
     }
 }
@@ -278,6 +396,17 @@ impl SecretsSettings {
                     .unwrap_or(&text)
                     .to_owned(),
             );
+        }
+        for (i, k) in self.previous_keys.iter().enumerate() {
+            if let Err(e) = SecretsKey::from_base64(k.expose()) {
+                let text = e.to_string();
+                errs.push(
+                    format!("secrets.previous_keys[{i}]"),
+                    text.strip_prefix("secrets.key: ")
+                        .unwrap_or(&text)
+                        .to_owned(),
+                );
+            }
         }
         if self.key.is_none() && self.key_file.as_os_str().is_empty() {
             errs.push(
@@ -397,6 +526,98 @@ mod tests {
             Err(OpenError),
             "another key"
         );
+    }
+
+    #[test]
+    fn a_webhook_secret_opens_for_its_subscription_and_slot_only_and_never_as_a_team_secret() {
+        let key = SecretsKey::generate();
+        let sealed = key.seal_webhook("sub-1", WebhookSlot::Current, "whsec_x");
+        let opened = key
+            .open_webhook("sub-1", WebhookSlot::Current, &sealed)
+            .expect("opens");
+        assert_eq!(opened.value, "whsec_x");
+        assert!(opened.under_current);
+        assert_eq!(
+            key.open_webhook("sub-2", WebhookSlot::Current, &sealed),
+            Err(OpenError),
+            "another subscription"
+        );
+        assert_eq!(
+            key.open_webhook("sub-1", WebhookSlot::Previous, &sealed),
+            Err(OpenError),
+            "the other column"
+        );
+        // The same owner and name strings as a team secret: the kinds' prefixes differ.
+        assert_eq!(key.open("sub-1", "current", &sealed), Err(OpenError));
+        let team = key.seal("sub-1", "current", "whsec_x");
+        assert_eq!(
+            key.open_webhook("sub-1", WebhookSlot::Current, &team),
+            Err(OpenError)
+        );
+    }
+
+    #[test]
+    fn previous_keys_open_in_order_after_the_current_one_and_never_seal() {
+        let (a, b, c) = (
+            SecretsKey::generate(),
+            SecretsKey::generate(),
+            SecretsKey::generate(),
+        );
+        let under_a = a.seal("t", "n", "va");
+        let under_b = b.seal("t", "n", "vb");
+        let ring = c.clone().with_previous([a.clone(), b.clone()]);
+        assert_eq!(format!("{ring:?}"), "SecretsKey(<redacted>, 2 previous)");
+        for (sealed, want) in [(&under_a, "va"), (&under_b, "vb")] {
+            let o = ring
+                .open_detailed("t", "n", sealed)
+                .expect("a previous key opens");
+            assert_eq!(o.value, want);
+            assert!(!o.under_current);
+        }
+        let fresh = ring.seal("t", "n", "vc");
+        let o = ring.open_detailed("t", "n", &fresh).expect("opens");
+        assert!(o.under_current);
+        assert_eq!(
+            c.open("t", "n", &fresh).as_deref(),
+            Ok("vc"),
+            "sealed under c"
+        );
+        assert_eq!(a.open("t", "n", &fresh), Err(OpenError));
+        assert_eq!(
+            SecretsKey::generate()
+                .with_previous([c])
+                .open("t", "n", &under_a),
+            Err(OpenError),
+            "a key in neither place"
+        );
+    }
+
+    #[test]
+    fn previous_keys_are_checked_by_index_and_loaded_after_the_current_one() {
+        let (a, b) = ([1u8; KEY_LEN], [2u8; KEY_LEN]);
+        let s = SecretsSettings {
+            key: Some(KeyText::new(STANDARD.encode(b))),
+            previous_keys: vec![KeyText::new(STANDARD.encode(a))],
+            ..SecretsSettings::default()
+        };
+        let mut errs = FieldErrors::new();
+        s.validate(&mut errs);
+        assert!(errs.is_empty());
+        let ring = SecretsKey::load(&s).expect("loads");
+        let under_a = SecretsKey::from_bytes(&a).seal("t", "n", "v");
+        assert_eq!(ring.open("t", "n", &under_a).as_deref(), Ok("v"));
+        assert!(!format!("{s:?}").contains(&STANDARD.encode(a)));
+
+        let bad = SecretsSettings {
+            previous_keys: vec![KeyText::new(STANDARD.encode(a)), KeyText::new("not a key")],
+            ..s
+        };
+        let mut errs = FieldErrors::new();
+        bad.validate(&mut errs);
+        let fields: Vec<_> = errs.iter().map(|e| e.field.clone()).collect();
+        assert_eq!(fields, ["secrets.previous_keys[1]"]);
+        let err = SecretsKey::load(&bad).expect_err("refused");
+        assert_eq!(err.to_string(), "secrets.previous_keys[1]: is not base64");
     }
 
     #[test]

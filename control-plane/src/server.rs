@@ -61,6 +61,11 @@ impl Server {
             .migrate()
             .await
             .context("applying database migrations")?;
+        // Rows from before webhook signing secrets were sealed: sealed now, once.
+        store
+            .seal_clear_webhook_secrets(&secrets_key)
+            .await
+            .context("sealing webhook signing secrets stored in the clear")?;
         if let Some(secret) = &opts.bootstrap_admin_token {
             anyhow::ensure!(
                 secret.len() >= MIN_BOOTSTRAP_TOKEN_LEN
@@ -100,7 +105,7 @@ impl Server {
             .with_finance(config.finance.clone())
             .with_webhooks(config.webhooks.clone(), sender.clone())
             .with_object_store(&config.object_store.url)
-            .with_secrets(secrets_key)
+            .with_secrets(secrets_key.clone())
             .with_shutdown(cancel.clone());
         let listener =
             tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
@@ -117,7 +122,7 @@ impl Server {
             config.server.listener_limits(),
             cancel.clone(),
         ));
-        for round in rounds(config, &store, &clock, &providers, sender) {
+        for round in rounds(config, &store, &clock, &providers, sender, &secrets_key) {
             tracing::info!(lock = round.lock(), steps = ?round.names(), "loops of this replica (run while it leads)");
             tokio::spawn(runner::run(
                 round,
@@ -207,6 +212,7 @@ pub fn rounds(
     clock: &SharedClock,
     providers: &Arc<Providers>,
     sender: Arc<Sender>,
+    secrets_key: &crate::secrets::SecretsKey,
 ) -> Vec<Round> {
     let mut scheduling = Round::new("scheduling", config.scheduler.interval);
     if config.recovery.enabled {
@@ -254,6 +260,7 @@ pub fn rounds(
                 clock.clone(),
                 sender,
                 config.webhooks.clone(),
+                secrets_key.clone(),
             )),
         );
     }
@@ -288,8 +295,9 @@ mod tests {
             sims: vec![],
         });
         let sender = Arc::new(Sender::new(&base.webhooks).expect("sender"));
+        let key = crate::secrets::SecretsKey::generate();
         let names = |c: &Config| -> Vec<(&'static str, Vec<&'static str>)> {
-            rounds(c, &store, &clock, &providers, Arc::clone(&sender))
+            rounds(c, &store, &clock, &providers, Arc::clone(&sender), &key)
                 .iter()
                 .map(|r| (r.lock(), r.names()))
                 .collect()

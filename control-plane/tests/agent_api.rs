@@ -12,6 +12,7 @@ use spotplane_core::{JobId, NodeId, NodeState};
 
 on_both_databases!(
     a_bootstrap_token_is_exchanged_once_for_a_node_credential,
+    a_bootstrap_token_works_once_and_not_after_it_expires,
     a_node_credential_acts_for_its_own_node_only,
     a_terminated_nodes_credential_is_refused_on_every_agent_route,
     heartbeats_hand_out_commands_until_their_result_arrives,
@@ -84,6 +85,54 @@ async fn node_json(srv: &TestServer, id: NodeId) -> Value {
         .as_array()
         .and_then(|a| a.iter().find(|n| n["id"] == json!(id)).cloned())
         .expect("node listed")
+}
+
+/// Single use and expiry together: a token past its `expires_at` is refused like an unknown
+/// one (and stays unused: a later fresh token works), a live one works once.
+async fn a_bootstrap_token_works_once_and_not_after_it_expires(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let id = node(&srv, "n1").await;
+    let now = chrono::Utc::now();
+    let expired = srv
+        .store()
+        .issue_agent_bootstrap(id, now - chrono::Duration::seconds(1), now)
+        .await
+        .expect("issued");
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&expired),
+            Some(&register_body(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "expired: {v}");
+    assert!(!v.to_string().contains(&expired), "{v}");
+
+    let live = srv
+        .store()
+        .issue_agent_bootstrap(id, now + chrono::Duration::hours(1), now)
+        .await
+        .expect("issued");
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&live),
+            Some(&register_body(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "first use: {v}");
+    let (s, v) = srv
+        .call(
+            Method::POST,
+            "/v1/agent/register",
+            Some(&live),
+            Some(&register_body(id)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "second use: {v}");
+    srv.stop().await;
 }
 
 async fn a_bootstrap_token_is_exchanged_once_for_a_node_credential(backend: Backend) {

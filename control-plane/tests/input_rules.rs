@@ -350,3 +350,177 @@ async fn an_existing_world_readable_database_is_made_owner_only() {
     assert_eq!(mode & 0o777, 0o600);
     srv.stop().await;
 }
+
+/// Each named limit: a request just over it is refused with a problem naming the field and
+/// the limit, never a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_a_named_limit_gets_a_problem_naming_the_limit_and_the_field() {
+    use spotplane_core::limits;
+    let srv = TestServer::start(Backend::Sqlite).await;
+    let team = srv.team_with_token("alpha").await;
+    let job = |extra: Value| {
+        let mut j = json!({"name": "j", "shape": {"gpus": 1}, "command": ["x"]});
+        if let (Some(o), Some(e)) = (j.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        j
+    };
+    let many_env: serde_json::Map<String, Value> = (0..=limits::ENV_VARS.max)
+        .map(|i| (format!("V{i}"), json!("v")))
+        .collect();
+    let cases = [
+        (
+            job(json!({"replicas": limits::REPLICAS.max + 1})),
+            "replicas",
+            limits::REPLICAS,
+        ),
+        (
+            job(json!({"command": vec![""; limits::COMMAND_ARGS.max as usize + 1]})),
+            "command",
+            limits::COMMAND_ARGS,
+        ),
+        (
+            job(json!({"command": ["x".repeat(limits::COMMAND_BYTES.max as usize + 1)]})),
+            "command",
+            limits::COMMAND_BYTES,
+        ),
+        (job(json!({"env": many_env})), "env", limits::ENV_VARS),
+        (
+            job(json!({"env": {"BIG": "x".repeat(limits::ENV_VALUE_BYTES.max as usize + 1)}})),
+            "env.BIG",
+            limits::ENV_VALUE_BYTES,
+        ),
+    ];
+    for (body, field, limit) in cases {
+        let (s, v) = srv
+            .call(Method::POST, "/v1/jobs", Some(&team), Some(&body))
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{}: {v}", limit.name);
+        assert_eq!(v["limit"], limit.name, "{v}");
+        let named = v["errors"].as_array().is_some_and(|e| {
+            e.iter()
+                .any(|e| e["field"] == field && e["limit"] == limit.name)
+        });
+        assert!(named, "{field} over {}: {v}", limit.name);
+    }
+
+    // Too deep: a clean 422 naming json_depth, however deep (no 500, no stack overflow).
+    for depth in [limits::JSON_DEPTH.max as usize + 1, 100_000] {
+        let body = format!("{{\"a\":{}{}}}", "[".repeat(depth), "]".repeat(depth));
+        let (s, _, v) = srv
+            .raw(
+                Method::POST,
+                "/v1/jobs",
+                Some(&team),
+                Some(body.into_bytes()),
+                &[("content-type", "application/json")],
+            )
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{depth}: {v}");
+        assert_eq!(
+            (v["field"].as_str(), v["limit"].as_str()),
+            (Some("body"), Some("json_depth"))
+        );
+    }
+    // Within the bound, depth is no problem of its own.
+    let (s, v) = srv
+        .call(Method::POST, "/v1/jobs", Some(&team), Some(&job(json!({}))))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+
+    let big = vec![b' '; limits::BODY_BYTES.max as usize + 1];
+    let (s, _, v) = srv
+        .raw(
+            Method::POST,
+            "/v1/jobs",
+            Some(&team),
+            Some(big),
+            &[("content-type", "application/json")],
+        )
+        .await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert_eq!(
+        (v["field"].as_str(), v["limit"].as_str()),
+        (Some("body"), Some("body_bytes"))
+    );
+    srv.stop().await;
+}
+
+/// This process's resident memory, from /proc.
+fn vm_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A stream of requests over the limits (bodies past `body_bytes`, bodies nested far past
+/// `json_depth`, jobs with too many arguments) does not make the server grow: the resident
+/// memory of the process serving them (this one) after the last thousand is within 20 MiB of
+/// what it was after the first thousand. docs/reliability.md "## Limits" records the figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_oversized_and_over_deep_requests_leaves_memory_flat() {
+    use spotplane_core::limits;
+    let srv = TestServer::start(Backend::Sqlite).await;
+    let team = srv.team_with_token("alpha").await;
+    let oversized = vec![b' '; limits::BODY_BYTES.max as usize + 1024];
+    let deep = format!("{{\"a\":{}{}}}", "[".repeat(50_000), "]".repeat(50_000)).into_bytes();
+    let wide = json!({"name": "j", "shape": {"gpus": 1},
+        "command": vec!["a"; limits::COMMAND_ARGS.max as usize + 1]})
+    .to_string()
+    .into_bytes();
+    let bodies = [
+        (oversized, StatusCode::PAYLOAD_TOO_LARGE),
+        (deep, StatusCode::UNPROCESSABLE_ENTITY),
+        (wide, StatusCode::UNPROCESSABLE_ENTITY),
+    ];
+    const TOTAL: usize = 3000;
+    let started = std::time::Instant::now();
+    let mut after_first = 0;
+    for i in 0..TOTAL {
+        let (body, want) = &bodies[i % bodies.len()];
+        let (s, _, _) = srv
+            .raw(
+                Method::POST,
+                "/v1/jobs",
+                Some(&team),
+                Some(body.clone()),
+                &[("content-type", "application/json")],
+            )
+            .await;
+        assert_eq!(s, *want, "request {i}");
+        if i + 1 == 1000 {
+            after_first = vm_rss_kib();
+        }
+    }
+    let after_last = vm_rss_kib();
+    let growth_kib = after_last.saturating_sub(after_first);
+    println!(
+        "limits stream: {TOTAL} requests in {:.1} s; VmRSS after the first 1000 {} KiB, after the last {} KiB, growth {} KiB",
+        started.elapsed().as_secs_f64(),
+        after_first,
+        after_last,
+        growth_kib
+    );
+    assert!(after_first > 0, "VmRSS is readable");
+    assert!(growth_kib < 20 * 1024, "grew {growth_kib} KiB");
+    srv.stop().await;
+}
+
+/// docs/api.md lists every named limit with its value.
+#[test]
+fn docs_list_every_named_limit_with_its_value() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api.md"))
+        .expect("docs/api.md");
+    for l in spotplane_core::limits::ALL {
+        let row = format!("| `{}` | {} |", l.name, l.max);
+        assert!(
+            doc.contains(&row),
+            "docs/api.md lacks the row starting {row}"
+        );
+    }
+}

@@ -12,9 +12,11 @@ use sea_orm::{ActiveModelTrait, ConnectOptions, EntityTrait, Set};
 use serde_json::{Value, json};
 use spotplane::metrics::Metrics;
 use spotplane::scheduler::{Assigned, Placement};
-use spotplane::secrets::SecretsKey;
-use spotplane::store::entity::team_secret;
-use spotplane::store::{NewTeam, SecretWrite, Store, StoreError};
+use spotplane::secrets::{KeyText, SecretsKey};
+use spotplane::store::entity::{team_secret, webhook_subscription};
+use spotplane::store::{NewSubscription, NewTeam, SecretWrite, Store, StoreError};
+use spotplane::webhooks::EventType;
+use spotplane::webhooks::signing::{Secret, signature_header};
 use spotplane_core::{JobId, NodeId};
 
 on_both_databases!(
@@ -24,6 +26,8 @@ on_both_databases!(
     a_job_must_name_secrets_its_team_has,
     stored_secrets_hold_no_plaintext_and_open_only_with_their_key_team_and_name,
     only_the_node_holding_the_job_gets_its_secrets,
+    a_clear_webhook_secret_from_before_sealing_still_signs_and_is_sealed_at_start,
+    after_a_key_rotation_everything_opens_and_reseal_moves_it_to_the_new_key,
 );
 
 fn secrets_path(team: &str) -> String {
@@ -708,5 +712,241 @@ async fn a_restart_keeps_the_key_and_a_corrupt_key_file_is_refused_by_path() {
         err.contains(&key_file.display().to_string()) && err.contains("7 bytes, not 32"),
         "{err}"
     );
+    db.cleanup().await;
+}
+
+/// A webhook subscription of `team_id`, stored with `secret` under `key`.
+async fn stored_webhook(store: &Store, key: &SecretsKey, team_id: &str, secret: &Secret) -> String {
+    store
+        .create_subscription(
+            key,
+            NewSubscription {
+                team_id: team_id.to_owned(),
+                url: "https://hooks.example.com/spotplane".into(),
+                event_types: vec![EventType::JobQueued],
+                description: None,
+                secret: secret.clone(),
+            },
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("subscribed")
+        .id
+}
+
+/// The signature header a ping of `id` goes out with now, and the one `expected` would make.
+async fn ping_signature(
+    store: &Store,
+    key: &SecretsKey,
+    id: &str,
+    expected: &[&Secret],
+) -> (String, String) {
+    let now = chrono::Utc::now();
+    let d = store
+        .create_ping(key, id, None, now)
+        .await
+        .expect("the secrets open");
+    (
+        signature_header(&d.secrets(now), "msg_1", 1_700_000_000, b"{}"),
+        signature_header(expected, "msg_1", 1_700_000_000, b"{}"),
+    )
+}
+
+/// A row written by a control plane from before sealing holds `whsec_...` in the clear; after
+/// an upgrade it still signs with the same secrets, and the start seals both columns.
+async fn a_clear_webhook_secret_from_before_sealing_still_signs_and_is_sealed_at_start(
+    backend: Backend,
+) {
+    let srv = TestServer::start(backend).await;
+    srv.team_with_token("alpha").await;
+    let team = srv.store().get_team("alpha").await.expect("team");
+    let key = srv.server.state.secrets_key().expect("key").clone();
+    let (old, current) = (Secret::generate(), Secret::generate());
+    let id = stored_webhook(srv.store(), &key, &team.id, &current).await;
+    let conn = raw(&srv.db).await;
+    let row = webhook_subscription::Entity::find_by_id(id.clone())
+        .one(&conn)
+        .await
+        .expect("read")
+        .expect("row");
+    assert!(row.secret.starts_with("sealed:v1:"), "{}", row.secret);
+    assert!(!row.secret.contains(&current.expose()[6..]));
+
+    // As the previous version wrote it: both in the clear.
+    let mut am: webhook_subscription::ActiveModel = row.into();
+    am.secret = Set(current.expose());
+    am.previous_secret = Set(Some(old.expose()));
+    am.previous_secret_until = Set(Some(chrono::Utc::now() + chrono::Duration::hours(1)));
+    am.update(&conn).await.expect("made clear");
+    let _ = conn.close().await;
+
+    let srv = TestServer::start_on(srv.stop_keeping_data().await).await;
+    let conn = raw(&srv.db).await;
+    let row = webhook_subscription::Entity::find_by_id(id.clone())
+        .one(&conn)
+        .await
+        .expect("read")
+        .expect("row kept");
+    let previous = row.previous_secret.clone().unwrap_or_default();
+    for (column, text, secret) in [
+        ("secret", &row.secret, &current),
+        ("previous_secret", &previous, &old),
+    ] {
+        assert!(
+            text.starts_with("sealed:v1:"),
+            "{column} sealed at start: {text}"
+        );
+        assert!(
+            !text.contains(&secret.expose()[6..]),
+            "{column} holds no clear secret"
+        );
+    }
+    let key = srv.server.state.secrets_key().expect("key").clone();
+    let (got, want) = ping_signature(srv.store(), &key, &id, &[&current, &old]).await;
+    assert_eq!(
+        got, want,
+        "signed with the same two secrets as before the upgrade"
+    );
+    // A second start has nothing left to seal.
+    assert_eq!(
+        srv.store()
+            .seal_clear_webhook_secrets(&key)
+            .await
+            .expect("nothing to do"),
+        0
+    );
+    let _ = conn.close().await;
+    srv.stop().await;
+}
+
+/// Key A seals a team secret and a rotated webhook's two secrets; with B current and A
+/// previous everything opens and signs; `reseal` moves every row to B, after which B alone
+/// opens them; a row under a key configured nowhere makes reseal fail naming it, writing
+/// nothing.
+async fn after_a_key_rotation_everything_opens_and_reseal_moves_it_to_the_new_key(
+    backend: Backend,
+) {
+    use base64::Engine;
+    let b64 = |k: [u8; 32]| base64::engine::general_purpose::STANDARD.encode(k);
+    let (raw_a, raw_b): ([u8; 32], [u8; 32]) = (rand::random(), rand::random());
+    let mut db = TestDb::new(backend);
+    db.config.secrets.key = Some(KeyText::new(b64(raw_a)));
+    let key_a = SecretsKey::load(&db.config.secrets).expect("key A");
+    let store = Store::connect(&db.config.database, Metrics::new())
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let now = chrono::Utc::now();
+    let team = store
+        .create_team(
+            NewTeam {
+                name: "alpha".parse().expect("name"),
+                weight: 1.0,
+                cohort: None,
+                quotas: Default::default(),
+            },
+            now,
+        )
+        .await
+        .expect("team")
+        .id;
+    let plain = value("hf");
+    store
+        .put_team_secret(&key_a, &team, "hf-token", &plain, now)
+        .await
+        .expect("stored");
+    let (s1, s2) = (Secret::generate(), Secret::generate());
+    let hook = stored_webhook(&store, &key_a, &team, &s1).await;
+    store
+        .rotate_secret(
+            &key_a,
+            &hook,
+            None,
+            &s2,
+            now + chrono::Duration::hours(1),
+            now,
+        )
+        .await
+        .expect("rotated");
+
+    // Rotated: B seals, A still opens.
+    db.config.secrets.key = Some(KeyText::new(b64(raw_b)));
+    db.config.secrets.previous_keys = vec![KeyText::new(b64(raw_a))];
+    let rotated = SecretsKey::load(&db.config.secrets).expect("B with A previous");
+    assert_eq!(
+        store
+            .team_secret_value(&rotated, &team, "hf-token")
+            .await
+            .expect("opens with a previous key"),
+        Some(plain.clone())
+    );
+    let (got, want) = ping_signature(&store, &rotated, &hook, &[&s2, &s1]).await;
+    assert_eq!(got, want);
+    let key_b = SecretsKey::from_bytes(&raw_b);
+    let err = store
+        .team_secret_value(&key_b, &team, "hf-token")
+        .await
+        .expect_err("B alone does not open A's rows yet");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+
+    let report = store.reseal_secrets(&rotated).await.expect("resealed");
+    assert_eq!(
+        (
+            report.team_secrets,
+            report.webhook_subscriptions,
+            report.already_current
+        ),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    let again = store.reseal_secrets(&rotated).await.expect("again");
+    assert_eq!(
+        (
+            again.team_secrets,
+            again.webhook_subscriptions,
+            again.already_current
+        ),
+        (0, 0, 2),
+        "{again:?}"
+    );
+
+    // A removed: B alone opens and signs.
+    assert_eq!(
+        store
+            .team_secret_value(&key_b, &team, "hf-token")
+            .await
+            .expect("opens with B alone"),
+        Some(plain.clone())
+    );
+    let (got, want) = ping_signature(&store, &key_b, &hook, &[&s2, &s1]).await;
+    assert_eq!(got, want);
+
+    // Rows under a key configured nowhere: reseal names each, and writes nothing.
+    let stray = SecretsKey::generate();
+    store
+        .put_team_secret(&stray, &team, "stray", "v", now)
+        .await
+        .expect("stored");
+    let stray_hook = stored_webhook(&store, &stray, &team, &Secret::generate()).await;
+    let conn = raw(&db).await;
+    let before = team_secret::Entity::find().all(&conn).await.expect("rows");
+    let err = store
+        .reseal_secrets(&key_b)
+        .await
+        .expect_err("unknown key refused");
+    let text = err.to_string();
+    let stray_row = before
+        .iter()
+        .find(|r| r.name == "stray")
+        .map(|r| r.id.clone())
+        .unwrap_or_default();
+    assert!(
+        text.contains(&stray_row) && text.contains(&stray_hook) && text.contains("2 row(s)"),
+        "{text}"
+    );
+    assert!(text.contains("team secret stray"), "{text}");
+    let after = team_secret::Entity::find().all(&conn).await.expect("rows");
+    assert_eq!(before, after, "nothing written");
+    let _ = conn.close().await;
     db.cleanup().await;
 }

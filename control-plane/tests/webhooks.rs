@@ -123,7 +123,13 @@ fn delivery_loop(
     let mut s = ts.db.config.webhooks.clone();
     tweak(&mut s);
     let sender = Arc::new(Sender::new(&s).expect("client"));
-    WebhookLoop::new(ts.store().clone(), clock, sender, s)
+    let key = ts
+        .server
+        .state
+        .secrets_key()
+        .expect("a secrets key")
+        .clone();
+    WebhookLoop::new(ts.store().clone(), clock, sender, s, key)
 }
 
 async fn subscribe(ts: &TestServer, token: &str, url: &str, types: &[&str]) -> (String, String) {

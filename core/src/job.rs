@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::TeamName;
+use crate::limits;
 use crate::money::Micros;
 use crate::node::Cloud;
 use crate::shape::{GpuShape, ResourceShape};
@@ -18,7 +19,7 @@ use crate::validate::{FieldErrors, check_name};
 
 /// The most replicas one gang may have (Philly's largest jobs gang over 64 GPUs; a gang of
 /// shared-GPU replicas can be wider).
-pub const MAX_REPLICAS: u32 = 1024;
+pub const MAX_REPLICAS: u32 = limits::REPLICAS.max as u32;
 /// The most retries a job may ask for.
 pub const MAX_RETRIES: u32 = 100;
 pub const DEFAULT_CPU_MILLI: u32 = 1000;
@@ -467,13 +468,13 @@ impl JobSpec {
                 format!("must be at most {MAX_RETRIES}, got {r}"),
             );
         }
-        if self.replicas == 0 || self.replicas > MAX_REPLICAS {
-            errs.push(
+        if self.replicas == 0 {
+            errs.push("replicas", "must be at least 1, got 0");
+        } else if self.replicas > MAX_REPLICAS {
+            errs.push_over(
                 "replicas",
-                format!(
-                    "must be between 1 and {MAX_REPLICAS}, got {}",
-                    self.replicas
-                ),
+                &limits::REPLICAS,
+                format_args!("has {}", self.replicas),
             );
         }
         errs.extend_nested("shape", self.shape.validate());
@@ -503,11 +504,19 @@ impl JobSpec {
                 errs.push(format!("command[{i}]"), "must not contain a NUL character");
             }
         }
-        let arg_bytes: usize = self.command.iter().map(String::len).sum();
-        if arg_bytes > 64 * 1024 {
-            errs.push(
+        if self.command.len() as u64 > limits::COMMAND_ARGS.max {
+            errs.push_over(
                 "command",
-                format!("must be at most 65536 bytes in all, got {arg_bytes}"),
+                &limits::COMMAND_ARGS,
+                format_args!("has {} arguments", self.command.len()),
+            );
+        }
+        let arg_bytes: usize = self.command.iter().map(String::len).sum();
+        if arg_bytes as u64 > limits::COMMAND_BYTES.max {
+            errs.push_over(
+                "command",
+                &limits::COMMAND_BYTES,
+                format_args!("has {arg_bytes} bytes"),
             );
         }
         if let Some(image) = &self.image
@@ -531,8 +540,12 @@ impl JobSpec {
             } else if RENDEZVOUS_ENV.contains(&k.as_str()) {
                 errs.push(format!("env.{k}"), RENDEZVOUS_ENV_MESSAGE);
             }
-            if v.len() > 32 * 1024 {
-                errs.push(format!("env.{k}"), "values must be at most 32768 bytes");
+            if v.len() as u64 > limits::ENV_VALUE_BYTES.max {
+                errs.push_over(
+                    format!("env.{k}"),
+                    &limits::ENV_VALUE_BYTES,
+                    format_args!("has {} bytes", v.len()),
+                );
             }
             if v.contains('\0') {
                 errs.push(
@@ -541,8 +554,12 @@ impl JobSpec {
                 );
             }
         }
-        if self.env.len() > 256 {
-            errs.push("env", "at most 256 variables");
+        if self.env.len() as u64 > limits::ENV_VARS.max {
+            errs.push_over(
+                "env",
+                &limits::ENV_VARS,
+                format_args!("has {} variables", self.env.len()),
+            );
         }
         for (k, name) in &self.secrets {
             if !valid_env_name(k) {
@@ -564,8 +581,12 @@ impl JobSpec {
                 errs.push(format!("secrets.{k}"), m);
             }
         }
-        if self.secrets.len() > 64 {
-            errs.push("secrets", "at most 64 secrets");
+        if self.secrets.len() as u64 > limits::SECRET_REFS.max {
+            errs.push_over(
+                "secrets",
+                &limits::SECRET_REFS,
+                format_args!("has {} secrets", self.secrets.len()),
+            );
         }
         if let Some(name) = &self.image_pull_secret {
             if self.image.is_none() {

@@ -9,6 +9,7 @@ pub mod agent;
 pub mod gpu;
 pub mod ids;
 pub mod job;
+pub mod limits;
 pub mod mig;
 pub mod money;
 pub mod node;

@@ -16,6 +16,9 @@ pub struct FieldError {
     pub field: String,
     /// What is wrong, in words meant for the person who wrote the request.
     pub message: String,
+    /// The named bound the field is over ([`crate::limits`]), when that is what is wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
 }
 
 impl fmt::Display for FieldError {
@@ -37,6 +40,24 @@ impl FieldErrors {
         self.0.push(FieldError {
             field: field.into(),
             message: message.into(),
+            limit: None,
+        });
+    }
+
+    /// Adds that `field` is over `limit`; the message is about the value ("has 5000").
+    pub fn push_over(
+        &mut self,
+        field: impl Into<String>,
+        limit: &crate::limits::Limit,
+        message: impl std::fmt::Display,
+    ) {
+        self.0.push(FieldError {
+            field: field.into(),
+            message: format!(
+                "{message}: at most {} {} (limit {})",
+                limit.max, limit.unit, limit.name
+            ),
+            limit: Some(limit.name.to_owned()),
         });
     }
 
@@ -51,6 +72,7 @@ impl FieldErrors {
             self.0.push(FieldError {
                 field,
                 message: e.message,
+                limit: e.limit,
             });
         }
     }

@@ -96,6 +96,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         }
         Some(_) => return Err(ApiError::field("body", "expected a JSON object")),
     }
+    // Refused before parsing: a deep body costs one pass over its bytes, not a recursion.
+    let limit = spotplane_core::limits::JSON_DEPTH;
+    let depth = spotplane_core::limits::json_depth(bytes, limit.max);
+    if depth > limit.max {
+        let mut errs = spotplane_core::FieldErrors::new();
+        errs.push_over("body", &limit, "nests arrays and objects too deeply");
+        return Err(ApiError::Validation(errs));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
         let path = err.path().to_string();

@@ -34,6 +34,10 @@ pub struct Problem {
     /// How many more offending fields there were beyond those listed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub errors_omitted: usize,
+    /// The named input limit the request is over (`spotplane_core::limits`), when that is the
+    /// problem: `body_bytes` on a 413, the first field's limit on a 422.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -76,7 +80,7 @@ pub enum ApiError {
         detail: String,
         field: Option<String>,
     },
-    #[error("request body larger than {limit} bytes")]
+    #[error("request body larger than {limit} bytes (limit body_bytes)")]
     PayloadTooLarge { limit: usize },
     #[error("expected a JSON body (Content-Type: application/json)")]
     UnsupportedMediaType,
@@ -186,12 +190,21 @@ impl ApiError {
                     .map(|f| FieldError {
                         field: f.clone(),
                         message: detail.clone(),
+                        limit: None,
                     })
                     .collect(),
             ),
             ApiError::Internal(_) => (
                 Some("the error was logged; retrying may help".into()),
                 Vec::new(),
+            ),
+            ApiError::PayloadTooLarge { .. } => (
+                Some(self.to_string()),
+                vec![FieldError {
+                    field: "body".into(),
+                    message: self.to_string(),
+                    limit: Some(spotplane_core::limits::BODY_BYTES.name.into()),
+                }],
             ),
             other => (Some(other.to_string()), Vec::new()),
         };
@@ -204,6 +217,7 @@ impl ApiError {
             .map(|e| FieldError {
                 field: cut(&e.field, MAX_ERROR_TEXT),
                 message: cut(&e.message, MAX_ERROR_TEXT),
+                limit: e.limit,
             })
             .collect();
         Problem {
@@ -212,6 +226,7 @@ impl ApiError {
             status: status.as_u16(),
             detail: detail.map(|d| cut(&d, MAX_DETAIL)),
             field: errors.first().map(|e| e.field.clone()),
+            limit: errors.iter().find_map(|e| e.limit.clone()),
             errors,
             errors_omitted,
         }

@@ -188,6 +188,7 @@ pub async fn create(
     let sub = state
         .store()
         .create_subscription(
+            state.secrets_key()?,
             NewSubscription {
                 team_id,
                 url,
@@ -323,6 +324,7 @@ pub async fn rotate_secret(
     let sub = state
         .store()
         .rotate_secret(
+            state.secrets_key()?,
             &id,
             scope(p),
             &secret,
@@ -367,7 +369,7 @@ pub async fn send_ping(
     }
     let d = state
         .store()
-        .create_ping(&id, scope(p), state.now())
+        .create_ping(state.secrets_key()?, &id, scope(p), state.now())
         .await?;
     let sender = state.webhook_sender().map_err(ApiError::Unavailable)?;
     let clock = state.clock();

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::WebhookSettings;
 use crate::reconcile::runner::{ReconcileError, Reconciler, Report};
+use crate::secrets::SecretsKey;
 use crate::store::{DueDelivery, Store, StoreError};
 use crate::webhooks::retry::{self, Next, Outcome, RetryPolicy};
 use crate::webhooks::sender::{Message, Sender};
@@ -42,6 +43,8 @@ pub struct WebhookLoop {
     clock: SharedClock,
     sender: Arc<Sender>,
     settings: WebhookSettings,
+    /// Opens the subscriptions' sealed signing secrets.
+    key: SecretsKey,
 }
 
 #[async_trait]
@@ -66,12 +69,14 @@ impl WebhookLoop {
         clock: SharedClock,
         sender: Arc<Sender>,
         settings: WebhookSettings,
+        key: SecretsKey,
     ) -> Self {
         WebhookLoop {
             store,
             clock,
             sender,
             settings,
+            key,
         }
     }
 
@@ -98,7 +103,11 @@ impl WebhookLoop {
         for _ in 0..8 {
             let due = self
                 .store
-                .due_deliveries(self.clock.now(), 4 * self.settings.concurrency as u64)
+                .due_deliveries(
+                    &self.key,
+                    self.clock.now(),
+                    4 * self.settings.concurrency as u64,
+                )
                 .await?;
             if due.is_empty() {
                 break;

@@ -73,7 +73,7 @@ pub use outbox::OutboxEvent;
 pub use overview::{JobLine, PlacedReplica};
 pub(crate) use recovery::checkpoint_prefix;
 pub use scheduling::SpecCache;
-pub use secrets::SecretWrite;
+pub use secrets::{ResealReport, SecretWrite};
 pub use teams::{NewTeam, TeamPatch};
 pub use tokens::{Bootstrap, NewToken, Principal, generate_secret, hash_secret};
 pub use webhooks::{DueDelivery, NewSubscription, SubscriptionPatch};

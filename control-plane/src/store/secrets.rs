@@ -294,3 +294,78 @@ impl Store {
         .await
     }
 }
+
+/// What [`Store::reseal_secrets`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResealReport {
+    /// Team secrets rewritten under the current key.
+    pub team_secrets: usize,
+    /// Webhook subscriptions whose signing secrets were rewritten under the current key.
+    pub webhook_subscriptions: usize,
+    /// Rows already sealed under the current key, left alone.
+    pub already_current: usize,
+}
+
+impl Store {
+    /// Seals every team secret and webhook signing secret under `key`'s current key, so that
+    /// `secrets.previous_keys` can be removed afterwards.
+    ///
+    /// Every row is opened first; if any does not open (with the current key or a previous
+    /// one), nothing is written and the error names each such row. Each row is then rewritten
+    /// only if it still holds what was read: one changed meanwhile was sealed under the
+    /// current key by its writer. Running it again does nothing.
+    pub async fn reseal_secrets(&self, key: &SecretsKey) -> Result<ResealReport, StoreError> {
+        let mut failed: Vec<StoreError> = Vec::new();
+        let rows = team_secret::Entity::find().all(&self.read).await?;
+        let mut team_todo = Vec::new();
+        let mut report = ResealReport::default();
+        for row in rows {
+            match key.open_detailed(&row.team_id, &row.name, &row.sealed) {
+                Ok(o) if o.under_current => report.already_current += 1,
+                Ok(o) => team_todo.push((row, o.value)),
+                Err(e) => failed.push(unreadable(&row, e)),
+            }
+        }
+        let (hooks, hook_failed) = self.open_webhook_rows(key).await?;
+        failed.extend(hook_failed);
+        if let Some(first) = failed.first() {
+            let (table, id) = match first {
+                StoreError::Corrupt { table, id, .. } => (*table, id.clone()),
+                _ => ("team_secrets", String::new()),
+            };
+            let all: Vec<String> = failed.iter().map(ToString::to_string).collect();
+            return Err(StoreError::corrupt(
+                table,
+                id,
+                format!(
+                    "{} row(s) cannot be opened, so nothing was resealed; add the key they were sealed under to secrets.previous_keys, or delete them: {}",
+                    failed.len(),
+                    all.join("; ")
+                ),
+            ));
+        }
+        let total_hooks = hooks.len();
+        for (row, value) in team_todo {
+            let sealed = key.seal(&row.team_id, &row.name, &value);
+            let done = self
+                .measured("reseal_team_secret", || async {
+                    Ok(team_secret::Entity::update_many()
+                        .col_expr(
+                            team_secret::Column::Sealed,
+                            sea_orm::sea_query::Expr::value(sealed.clone()),
+                        )
+                        .filter(team_secret::Column::Id.eq(row.id.clone()))
+                        .filter(team_secret::Column::Sealed.eq(row.sealed.clone()))
+                        .exec(&self.write)
+                        .await?)
+                })
+                .await?;
+            report.team_secrets += usize::try_from(done.rows_affected).unwrap_or(0);
+        }
+        report.webhook_subscriptions = self
+            .reseal_webhook_rows(key, hooks, super::webhooks::Reseal::NotUnderCurrent)
+            .await?;
+        report.already_current += total_hooks - report.webhook_subscriptions.min(total_hooks);
+        Ok(report)
+    }
+}

@@ -5,6 +5,11 @@
 //! is recorded on it in one transaction with its consequences (the endpoint's failure streak,
 //! disabling it, the `webhook.disabled` event). A control plane that restarts finds every
 //! pending delivery where it was and carries on: at least once, never lost.
+//!
+//! Signing secrets are stored sealed (`crate::secrets`, bound to the subscription's id and the
+//! column) in their text columns as `sealed:v1:<base64>`. Rows written before sealing hold
+//! `whsec_…` in the clear: they are still read, and [`Store::seal_clear_webhook_secrets`]
+//! (run at every start) seals them.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -20,6 +25,7 @@ use super::entity::{allocation, job, outbox, team, webhook_delivery, webhook_sub
 use super::finance::get_cursor;
 use super::{Store, StoreError, from_json, new_uuid, parse_col};
 use crate::model::{Delivery, Page, PageRequest, Subscription};
+use crate::secrets::{SecretsKey, WebhookSlot};
 use crate::webhooks::EventType;
 use crate::webhooks::retry::{Next, Outcome, RetryPolicy, should_disable};
 use crate::webhooks::signing::Secret;
@@ -115,8 +121,71 @@ fn delivery_from_row(r: webhook_delivery::Model) -> Delivery {
     }
 }
 
-fn parse_secret(row_id: &str, s: &str) -> Result<Secret, StoreError> {
-    Secret::parse(s).map_err(|e| StoreError::corrupt("webhook_subscriptions", row_id, e))
+/// What starts a sealed signing secret in its text column; a clear one starts with `whsec_`.
+pub(crate) const SEALED_PREFIX: &str = "sealed:v1:";
+
+/// How a stored signing secret was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// `whsec_…` in the clear, from before secrets were sealed.
+    Clear,
+    /// Sealed under the current key.
+    Current,
+    /// Sealed under one of `secrets.previous_keys`.
+    PreviousKey,
+}
+
+/// The text column's value for `secret` in `slot` of subscription `id`.
+pub(crate) fn seal_secret(
+    key: &SecretsKey,
+    id: &str,
+    slot: WebhookSlot,
+    secret: &Secret,
+) -> String {
+    use base64::Engine;
+    let sealed = key.seal_webhook(id, slot, &secret.expose());
+    format!(
+        "{SEALED_PREFIX}{}",
+        base64::engine::general_purpose::STANDARD.encode(sealed)
+    )
+}
+
+/// Reads a stored signing secret, sealed or clear. An error names the row and the column,
+/// never the value.
+pub(crate) fn open_secret(
+    key: &SecretsKey,
+    id: &str,
+    slot: WebhookSlot,
+    stored: &str,
+) -> Result<(Secret, Stored), StoreError> {
+    use base64::Engine;
+    let column = match slot {
+        WebhookSlot::Current => "secret",
+        WebhookSlot::Previous => "previous_secret",
+    };
+    let corrupt = |reason: String| {
+        StoreError::corrupt("webhook_subscriptions", id, format!("{column}: {reason}"))
+    };
+    let Some(b64) = stored.strip_prefix(SEALED_PREFIX) else {
+        let secret = Secret::parse(stored).map_err(|_| {
+            corrupt("neither sealed (sealed:v1:…) nor a whsec_ signing secret".into())
+        })?;
+        return Ok((secret, Stored::Clear));
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|_| corrupt("the sealed value is not base64".into()))?;
+    let opened = key
+        .open_webhook(id, slot, &bytes)
+        .map_err(|e| corrupt(e.to_string()))?;
+    let secret = Secret::parse(&opened.value)
+        .map_err(|_| corrupt("the sealed value is not a whsec_ signing secret".into()))?;
+    let how = if opened.under_current {
+        Stored::Current
+    } else {
+        Stored::PreviousKey
+    };
+    Ok((secret, how))
 }
 
 impl Store {
@@ -143,19 +212,23 @@ impl Store {
             .ok_or_else(|| StoreError::NotFound(format!("webhook {id}")))
     }
 
+    /// Stores a new subscription, its secret sealed under `key`.
     pub async fn create_subscription(
         &self,
+        key: &SecretsKey,
         new: NewSubscription,
         now: DateTime<Utc>,
     ) -> Result<Subscription, StoreError> {
         let row = self
             .measured("create_subscription", || async {
                 let types: Vec<&str> = new.event_types.iter().map(|t| t.as_str()).collect();
+                let id = new_uuid(now).to_string();
+                let secret = seal_secret(key, &id, WebhookSlot::Current, &new.secret);
                 Ok(webhook_subscription::ActiveModel {
-                    id: Set(new_uuid(now).to_string()),
+                    id: Set(id),
                     team_id: Set(new.team_id.clone()),
                     url: Set(new.url.clone()),
-                    secret: Set(new.secret.expose()),
+                    secret: Set(secret),
                     event_types: Set(json!(types)),
                     enabled: Set(true),
                     created_at: Set(now),
@@ -294,9 +367,11 @@ impl Store {
         .await
     }
 
-    /// Replaces a subscription's secret; the old one still signs until `overlap_until`.
+    /// Replaces a subscription's secret; the old one still signs until `overlap_until`. Both
+    /// are (re)sealed under `key`'s current key, each bound to its column.
     pub async fn rotate_secret(
         &self,
+        key: &SecretsKey,
         id: &str,
         team_id: Option<&str>,
         secret: &Secret,
@@ -306,10 +381,11 @@ impl Store {
         self.measured("rotate_secret", || async {
             let txn = self.write.begin().await?;
             let row = self.subscription_row(&txn, id, team_id).await?;
+            let (old, _) = open_secret(key, &row.id, WebhookSlot::Current, &row.secret)?;
             let mut m: webhook_subscription::ActiveModel = row.clone().into();
-            m.previous_secret = Set(Some(row.secret.clone()));
+            m.previous_secret = Set(Some(seal_secret(key, &row.id, WebhookSlot::Previous, &old)));
             m.previous_secret_until = Set(Some(overlap_until));
-            m.secret = Set(secret.expose());
+            m.secret = Set(seal_secret(key, &row.id, WebhookSlot::Current, secret));
             m.updated_at = Set(now);
             m.update(&txn).await?;
             txn.commit().await?;
@@ -453,8 +529,13 @@ impl Store {
     /// Deliveries due at `now` whose endpoint is enabled and that are first in line for their
     /// subject (a job's events go out in order: a later one waits while an earlier one is
     /// pending), oldest event first, at most `limit`.
+    ///
+    /// A delivery whose subscription's secret does not open is left pending and logged as an
+    /// error naming the row, so that one unreadable row does not hold up every other
+    /// endpoint's deliveries.
     pub async fn due_deliveries(
         &self,
+        key: &SecretsKey,
         now: DateTime<Utc>,
         limit: u64,
     ) -> Result<Vec<DueDelivery>, StoreError> {
@@ -534,7 +615,12 @@ impl Store {
                 let Some(e) = events.get(&d.outbox_id) else {
                     continue;
                 };
-                out.push(due_of(d, &s, e)?);
+                match due_of(key, d, &s, e) {
+                    Ok(due) => out.push(due),
+                    Err(e) => {
+                        tracing::error!(error = %e, "webhook delivery held back: its subscription's signing secret cannot be read");
+                    }
+                }
             }
             Ok(out)
         })
@@ -659,6 +745,7 @@ impl Store {
     /// for an hour, so it is not sent twice; if the caller dies, the loop sends it then.
     pub async fn create_ping(
         &self,
+        key: &SecretsKey,
         id: &str,
         team_id: Option<&str>,
         now: DateTime<Utc>,
@@ -696,7 +783,7 @@ impl Store {
             .insert(&txn)
             .await?;
             txn.commit().await?;
-            due_of(d, &s, &event)
+            due_of(key, d, &s, &event)
         })
         .await
     }
@@ -731,6 +818,7 @@ impl Store {
 }
 
 fn due_of(
+    key: &SecretsKey,
     d: webhook_delivery::Model,
     s: &webhook_subscription::Model,
     e: &outbox::Model,
@@ -739,11 +827,13 @@ fn due_of(
         StoreError::corrupt("webhook_deliveries", &d.id, "its event has no webhook type")
     })?;
     let previous = match (&s.previous_secret, s.previous_secret_until) {
-        (Some(p), Some(until)) => Some((parse_secret(&s.id, p)?, until)),
+        (Some(p), Some(until)) => {
+            Some((open_secret(key, &s.id, WebhookSlot::Previous, p)?.0, until))
+        }
         _ => None,
     };
     Ok(DueDelivery {
-        secret: parse_secret(&s.id, &s.secret)?,
+        secret: open_secret(key, &s.id, WebhookSlot::Current, &s.secret)?.0,
         previous,
         attempts: u32::try_from(d.attempts).unwrap_or(0),
         event_type,
@@ -754,4 +844,130 @@ fn due_of(
         subscription_id: d.subscription_id,
         id: d.id,
     })
+}
+
+/// Which stored signing secrets [`Store::reseal_webhook_secrets`] rewrites.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reseal {
+    /// Only those in the clear (the start-up conversion).
+    ClearOnly,
+    /// Every one not sealed under the current key (`spotplane secrets reseal`).
+    NotUnderCurrent,
+}
+
+/// A subscription row's secrets, opened, and whether they must be rewritten.
+pub(crate) struct OpenedRow {
+    pub id: String,
+    pub secret: (Secret, Stored),
+    pub previous: Option<(Secret, Stored)>,
+    pub stored_secret: String,
+    pub stored_previous: Option<String>,
+}
+
+impl OpenedRow {
+    fn needs(&self, which: Reseal) -> bool {
+        let needs = |s: Stored| match which {
+            Reseal::ClearOnly => s == Stored::Clear,
+            Reseal::NotUnderCurrent => s != Stored::Current,
+        };
+        needs(self.secret.1) || self.previous.as_ref().is_some_and(|p| needs(p.1))
+    }
+}
+
+impl Store {
+    /// Every subscription's secrets, opened; the rows that do not open are returned apart,
+    /// each as an error naming it.
+    pub(crate) async fn open_webhook_rows(
+        &self,
+        key: &SecretsKey,
+    ) -> Result<(Vec<OpenedRow>, Vec<StoreError>), StoreError> {
+        let rows = webhook_subscription::Entity::find()
+            .select_only()
+            .columns([
+                webhook_subscription::Column::Id,
+                webhook_subscription::Column::Secret,
+                webhook_subscription::Column::PreviousSecret,
+            ])
+            .into_tuple::<(String, String, Option<String>)>()
+            .all(&self.read)
+            .await?;
+        let mut opened = Vec::with_capacity(rows.len());
+        let mut failed = Vec::new();
+        for (id, secret, previous) in rows {
+            let current = open_secret(key, &id, WebhookSlot::Current, &secret);
+            let prev = previous
+                .as_deref()
+                .map(|p| open_secret(key, &id, WebhookSlot::Previous, p))
+                .transpose();
+            match (current, prev) {
+                (Ok(c), Ok(p)) => opened.push(OpenedRow {
+                    id,
+                    secret: c,
+                    previous: p,
+                    stored_secret: secret,
+                    stored_previous: previous,
+                }),
+                (Err(e), _) | (_, Err(e)) => failed.push(e),
+            }
+        }
+        Ok((opened, failed))
+    }
+
+    /// Seals every subscription's secrets that `which` selects under the current key. Each
+    /// row is rewritten only if it still holds what was read (a row changed meanwhile was
+    /// written sealed under the current key by its writer). Returns the rows rewritten.
+    pub(crate) async fn reseal_webhook_rows(
+        &self,
+        key: &SecretsKey,
+        rows: Vec<OpenedRow>,
+        which: Reseal,
+    ) -> Result<usize, StoreError> {
+        let mut rewritten = 0;
+        for row in rows.into_iter().filter(|r| r.needs(which)) {
+            let secret = seal_secret(key, &row.id, WebhookSlot::Current, &row.secret.0);
+            let previous = row
+                .previous
+                .as_ref()
+                .map(|p| seal_secret(key, &row.id, WebhookSlot::Previous, &p.0));
+            let mut q = webhook_subscription::Entity::update_many()
+                .col_expr(webhook_subscription::Column::Secret, Expr::value(secret))
+                .col_expr(
+                    webhook_subscription::Column::PreviousSecret,
+                    Expr::value(previous),
+                )
+                .filter(webhook_subscription::Column::Id.eq(row.id.clone()))
+                .filter(webhook_subscription::Column::Secret.eq(row.stored_secret.clone()));
+            q = match &row.stored_previous {
+                Some(p) => q.filter(webhook_subscription::Column::PreviousSecret.eq(p.clone())),
+                None => q.filter(webhook_subscription::Column::PreviousSecret.is_null()),
+            };
+            let done = self
+                .measured("reseal_webhook_secret", || async {
+                    Ok(q.clone().exec(&self.write).await?)
+                })
+                .await?;
+            rewritten += usize::try_from(done.rows_affected).unwrap_or(0);
+        }
+        Ok(rewritten)
+    }
+
+    /// Seals the signing secrets stored in the clear before secrets were sealed (run at every
+    /// start; nothing to do after the first). A row that is neither clear nor opens is left
+    /// as it is and logged, naming it: `spotplane secrets reseal` reports it too.
+    pub async fn seal_clear_webhook_secrets(&self, key: &SecretsKey) -> Result<usize, StoreError> {
+        let (rows, failed) = self.open_webhook_rows(key).await?;
+        for e in &failed {
+            tracing::error!(error = %e, "a webhook signing secret cannot be read");
+        }
+        let n = self
+            .reseal_webhook_rows(key, rows, Reseal::ClearOnly)
+            .await?;
+        if n > 0 {
+            tracing::info!(
+                subscriptions = n,
+                "sealed webhook signing secrets stored in the clear"
+            );
+        }
+        Ok(n)
+    }
 }
