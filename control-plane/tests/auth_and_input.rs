@@ -100,12 +100,14 @@ fn checkpoint_report(o: &Objects) -> Option<Value> {
     let at = chrono::Utc::now();
     let c = format!("00000000-0000-7000-8000-{:012}", o.n);
     let sha = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
-    Some(json!({"job_id": o.job, "replica": 0, "attempt": 1, "checkpoint_id": c,
+    Some(
+        json!({"job_id": o.job, "replica": 0, "attempt": 1, "checkpoint_id": c,
         "uri": format!("s3://ckpt/{}/replica-0/{c}/manifest.json", o.team),
         "trigger": "notice", "outcome": "durable", "started_at": at, "finished_at": at,
         "manifest": {"job_id": o.job, "replica": 0, "checkpoint_id": c, "attempt": 1,
             "created_at": at, "total_bytes": 15,
-            "files": [{"path": "state/step.json", "size": 15, "sha256": sha}]}}))
+            "files": [{"path": "state/step.json", "size": 15, "sha256": sha}]}}),
+    )
 }
 
 fn register_body(o: &Objects) -> Value {
@@ -290,8 +292,10 @@ const ENTRIES: &[Entry] = &[
         may: &[AGENT],
         owner: Owner::Node,
         body: |o| {
-            Some(json!({"chunks": [{"job_id": o.job, "replica": 0, "attempt": 1,
-                "offset": 0, "data": "eA=="}]}))
+            Some(
+                json!({"chunks": [{"job_id": o.job, "replica": 0, "attempt": 1,
+                "offset": 0, "data": "eA=="}]}),
+            )
         },
     },
     Entry {
@@ -855,7 +859,11 @@ async fn every_documented_operation_answers_each_caller_as_its_entry_says(backen
             let what = format!("{op} as {}", role.as_str());
             assert_eq!(a.status, StatusCode::FORBIDDEN, "{what}: {}", a.text);
             a.assert_problem(&what);
-            assert_eq!(a.json()["type"], "urn:spotplane:problem:forbidden", "{what}");
+            assert_eq!(
+                a.json()["type"],
+                "urn:spotplane:problem:forbidden",
+                "{what}"
+            );
         }
 
         // 3. Team B and node X, on A's and Y's objects and on objects that do not exist.
@@ -958,7 +966,13 @@ async fn routes_outside_the_openapi_document_keep_their_rules(backend: Backend) 
             } else {
                 StatusCode::FORBIDDEN
             };
-            assert_eq!(a.status, expected, "POST {path} as {}: {}", role.as_str(), a.text);
+            assert_eq!(
+                a.status,
+                expected,
+                "POST {path} as {}: {}",
+                role.as_str(),
+                a.text
+            );
         }
         for (what, token, whole_header) in &c.bad {
             let cred = match (token.is_empty(), whole_header) {
@@ -967,7 +981,11 @@ async fn routes_outside_the_openapi_document_keep_their_rules(backend: Backend) 
                 (false, false) => Cred::Bearer(token),
             };
             let a = send(&srv, &Method::POST, path, cred, None).await;
-            assert_eq!(a.status, StatusCode::UNAUTHORIZED, "POST {path} with {what}");
+            assert_eq!(
+                a.status,
+                StatusCode::UNAUTHORIZED,
+                "POST {path} with {what}"
+            );
             a.assert_problem(path);
         }
     }

@@ -19,7 +19,9 @@ use spotplane::config::Config;
 use spotplane::lab::{deadline, openb, replay};
 use spotplane::webhooks::{signing, target};
 use spotplane_core::JobSpec;
-use spotplane_core::agent::{CheckpointReport, CommandResult, Heartbeat, LogBatch, RegisterRequest};
+use spotplane_core::agent::{
+    CheckpointReport, CommandResult, Heartbeat, LogBatch, RegisterRequest,
+};
 
 const JOB_YAML: &str = "name: train\nshape:\n  gpus: 1\ncommand: [python, train.py]\nreplicas: 2\nenv:\n  LR: \"0.1\"\ncheckpoint:\n  uri: s3://b/p\n  interval_s: 600\n";
 const CONFIG: &str = "[server]\nlisten = \"127.0.0.1:8080\"\nmax_body_bytes = 262144\nrequest_timeout = \"30s\"\n\n[database]\nurl = \"sqlite://data/spotplane.sqlite\"\nmax_connections = 8\n\n[scheduler]\nenabled = true\n";
@@ -42,7 +44,10 @@ fn api_parses<T: DeserializeOwned>(what: &str, body: &[u8]) -> Option<T> {
                 p.status
             );
             let said = p.detail.clone().unwrap_or_default()
-                + &p.errors.iter().map(|e| e.message.clone()).collect::<String>();
+                + &p.errors
+                    .iter()
+                    .map(|e| e.message.clone())
+                    .collect::<String>();
             assert_says_why(what, &said);
             None
         }

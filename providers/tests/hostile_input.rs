@@ -54,7 +54,10 @@ fn the_samples_are_valid() {
         pricing::parse_product(PRODUCT, "us-east-1"),
         Ok(Some(_))
     ));
-    assert_eq!(catalog::parse(CATALOG, "sample").map(|r| r.len()).ok(), Some(2));
+    assert_eq!(
+        catalog::parse(CATALOG, "sample").map(|r| r.len()).ok(),
+        Some(2)
+    );
     assert!(traces::parse_gcp_history(GCP_HISTORY, "sample").is_ok());
 }
 
