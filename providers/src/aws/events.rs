@@ -83,7 +83,15 @@ pub fn parse_event(body: &str, now: DateTime<Utc>) -> Result<Routed, EventError>
     };
     match (env.source.as_str(), env.detail_type.as_str()) {
         ("aws.ec2", "EC2 Spot Instance Interruption Warning") => {
-            one(InterruptionKind::Preemption, Some(env.time + SPOT_NOTICE))
+            // A time at the end of what chrono holds has no deadline two minutes later.
+            let deadline =
+                env.time
+                    .checked_add_signed(SPOT_NOTICE)
+                    .ok_or_else(|| EventError::Detail {
+                        detail_type: env.detail_type.clone(),
+                        message: format!("time {} leaves no room for the notice", env.time),
+                    })?;
+            one(InterruptionKind::Preemption, Some(deadline))
         }
         ("aws.ec2", "EC2 Instance Rebalance Recommendation") => {
             one(InterruptionKind::Rebalance, None)
