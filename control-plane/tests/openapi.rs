@@ -153,6 +153,9 @@ fn the_job_read_model_is_its_own_closed_schema_with_every_field_the_server_sends
     let spec = &doc["components"]["schemas"]["JobSpec"];
     assert_eq!(spec["additionalProperties"], false);
     assert!(spec["properties"].get("state").is_none());
+    // Lists of jobs hold the read model too.
+    let page = &doc["components"]["schemas"]["Page_Job"]["properties"]["items"]["items"];
+    assert_eq!(page["$ref"], "#/components/schemas/Job", "{page}");
     // Job answers point at the read model.
     let ok = &doc["paths"]["/v1/jobs/{id}"]["get"]["responses"]["200"]["content"]["application/json"];
     assert_eq!(ok["schema"]["$ref"], "#/components/schemas/Job");

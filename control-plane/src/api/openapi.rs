@@ -6,7 +6,9 @@ use utoipa::{Modify, OpenApi};
 
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::{Operation, ParameterIn};
-use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::schema::{
+    AdditionalProperties, ArrayItems, ObjectBuilder, Schema, SchemaType, Type,
+};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder, content::Content};
 
 use super::problem::{PROBLEM_JSON, Problem};
@@ -92,6 +94,15 @@ impl Modify for FlattenedReadModels {
                 _ => None,
             })
             .collect();
+        // Generic types (`Page<Job>`) carry the read model inline, as the same `allOf`: those
+        // copies become references to the merged component.
+        for (name, merged_schema) in &merged {
+            let target = RefOr::Ref(Ref::from_schema_name(name.as_str()));
+            let snapshot = components.schemas.clone();
+            for schema in components.schemas.values_mut() {
+                replace_inline_all_of(schema, merged_schema, &target, &snapshot, true);
+            }
+        }
         for (name, mut schema) in merged {
             if let (Schema::Object(object), Some(sent)) = (&mut schema, always_sent(&name)) {
                 for &field in sent {
@@ -150,6 +161,45 @@ fn merge_all_of(
         out.additional_properties = Some(Box::new(AdditionalProperties::FreeForm(false)));
     }
     Some(Schema::Object(out))
+}
+
+/// Replaces, below `schema` (not `schema` itself when `top`), every inline `allOf` that merges
+/// into `merged` with `target`.
+fn replace_inline_all_of(
+    schema: &mut RefOr<Schema>,
+    merged: &Schema,
+    target: &RefOr<Schema>,
+    schemas: &std::collections::BTreeMap<String, RefOr<Schema>>,
+    top: bool,
+) {
+    let RefOr::T(inner) = schema else {
+        return;
+    };
+    if let Schema::AllOf(all) = inner
+        && !top
+        && merge_all_of(all, schemas).as_ref() == Some(merged)
+    {
+        *schema = target.clone();
+        return;
+    }
+    let mut walk = |s: &mut RefOr<Schema>| replace_inline_all_of(s, merged, target, schemas, false);
+    match inner {
+        Schema::Object(o) => {
+            o.properties.values_mut().for_each(&mut walk);
+            if let Some(AdditionalProperties::RefOr(s)) = o.additional_properties.as_deref_mut() {
+                walk(s);
+            }
+        }
+        Schema::Array(a) => {
+            if let ArrayItems::RefOrSchema(s) = &mut a.items {
+                walk(s);
+            }
+        }
+        Schema::OneOf(o) => o.items.iter_mut().for_each(&mut walk),
+        Schema::AllOf(o) => o.items.iter_mut().for_each(&mut walk),
+        Schema::AnyOf(o) => o.items.iter_mut().for_each(&mut walk),
+        _ => {}
+    }
 }
 
 /// Fields a read model always carries although its request form may leave them out: those
