@@ -60,7 +60,10 @@ fn every_operation_with_a_token_documents_401_and_403_and_every_body_400_413_415
         let secured = op["security"].as_array().is_some_and(|s| !s.is_empty());
         assert!(secured, "{m} {path} names its security");
         for status in ["401", "403", "500"] {
-            assert!(responses.contains_key(status), "{m} {path} documents {status}");
+            assert!(
+                responses.contains_key(status),
+                "{m} {path} documents {status}"
+            );
         }
         assert!(
             responses["401"]["headers"]["WWW-Authenticate"].is_object(),
@@ -68,7 +71,10 @@ fn every_operation_with_a_token_documents_401_and_403_and_every_body_400_413_415
         );
         if op.get("requestBody").is_some() {
             for status in ["400", "413", "415", "422"] {
-                assert!(responses.contains_key(status), "{m} {path} documents {status}");
+                assert!(
+                    responses.contains_key(status),
+                    "{m} {path} documents {status}"
+                );
             }
         }
         let has_query = op["parameters"]
@@ -127,7 +133,10 @@ fn job() -> Job {
 fn the_job_read_model_is_its_own_closed_schema_with_every_field_the_server_sends() {
     let doc = doc();
     let schema = &doc["components"]["schemas"]["Job"];
-    assert_eq!(schema["type"], "object", "one object, not an allOf: {schema}");
+    assert_eq!(
+        schema["type"], "object",
+        "one object, not an allOf: {schema}"
+    );
     assert_eq!(schema["additionalProperties"], false);
     let properties = schema["properties"].as_object().expect("properties");
     let required: Vec<&str> = schema["required"]
@@ -144,11 +153,23 @@ fn the_job_read_model_is_its_own_closed_schema_with_every_field_the_server_sends
     for key in &required {
         assert!(sent.contains_key(*key), "a job always carries {key}");
     }
-    for key in ["id", "state", "attempt", "created_at", "team", "name", "shape", "command"] {
+    for key in [
+        "id",
+        "state",
+        "attempt",
+        "created_at",
+        "team",
+        "name",
+        "shape",
+        "command",
+    ] {
         assert!(required.contains(&key), "{key} is required in {required:?}");
     }
     assert_eq!(resolve(&doc, &properties["id"])["format"], "uuid");
-    assert_eq!(resolve(&doc, &properties["created_at"])["format"], "date-time");
+    assert_eq!(
+        resolve(&doc, &properties["created_at"])["format"],
+        "date-time"
+    );
     // The submit schema stays the request's: closed, without the read model's fields.
     let spec = &doc["components"]["schemas"]["JobSpec"];
     assert_eq!(spec["additionalProperties"], false);
@@ -157,7 +178,8 @@ fn the_job_read_model_is_its_own_closed_schema_with_every_field_the_server_sends
     let page = &doc["components"]["schemas"]["Page_Job"]["properties"]["items"]["items"];
     assert_eq!(page["$ref"], "#/components/schemas/Job", "{page}");
     // Job answers point at the read model.
-    let ok = &doc["paths"]["/v1/jobs/{id}"]["get"]["responses"]["200"]["content"]["application/json"];
+    let ok =
+        &doc["paths"]["/v1/jobs/{id}"]["get"]["responses"]["200"]["content"]["application/json"];
     assert_eq!(ok["schema"]["$ref"], "#/components/schemas/Job");
 }
 

@@ -58,10 +58,10 @@ pub struct ShapeWire {
 #[cfg(feature = "openapi")]
 impl utoipa::PartialSchema for ShapeWire {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::ToSchema;
         use utoipa::openapi::schema::{
             AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaType, Type,
         };
-        use utoipa::ToSchema;
         // Each form is closed, holds its one field and may list `models`: an object with two
         // of the fields matches no form, as the API refuses it.
         let form = |field: &str, schema: utoipa::openapi::RefOr<_>| {
@@ -72,13 +72,15 @@ impl utoipa::PartialSchema for ShapeWire {
                 .property(
                     "models",
                     ArrayBuilder::new()
-                        .items(utoipa::openapi::Ref::from_schema_name(<GpuModel as ToSchema>::name()))
+                        .items(utoipa::openapi::Ref::from_schema_name(
+                            <GpuModel as ToSchema>::name(),
+                        ))
                         .unique_items(true)
                         .description(Some("Allowed GPU models; any when absent.")),
                 )
-                .additional_properties(Some(AdditionalProperties::<
-                    utoipa::openapi::schema::Schema,
-                >::FreeForm(false)))
+                .additional_properties(Some(
+                    AdditionalProperties::<utoipa::openapi::schema::Schema>::FreeForm(false),
+                ))
         };
         let count = |min: u32, max: u32, what: &str| {
             ObjectBuilder::new()
@@ -123,7 +125,10 @@ impl utoipa::ToSchema for ShapeWire {
         )>,
     ) {
         use utoipa::{PartialSchema, ToSchema};
-        schemas.push((<GpuModel as ToSchema>::name().into(), <GpuModel as PartialSchema>::schema()));
+        schemas.push((
+            <GpuModel as ToSchema>::name().into(),
+            <GpuModel as PartialSchema>::schema(),
+        ));
     }
 }
 

@@ -256,9 +256,11 @@ fn implied_problems(op: &Operation) -> Vec<u16> {
     if op.request_body.is_some() {
         statuses.extend([400, 413, 415, 422]);
     }
-    let has_query = op.parameters.iter().flatten().any(|p| {
-        matches!(p, RefOr::T(p) if matches!(p.parameter_in, ParameterIn::Query))
-    });
+    let has_query = op
+        .parameters
+        .iter()
+        .flatten()
+        .any(|p| matches!(p, RefOr::T(p) if matches!(p.parameter_in, ParameterIn::Query)));
     if has_query {
         statuses.extend([400, 422]);
     }
@@ -267,7 +269,9 @@ fn implied_problems(op: &Operation) -> Vec<u16> {
 
 fn problem_description(status: u16) -> &'static str {
     match status {
-        400 => "Malformed request: unreadable JSON, or a query parameter that is unknown, repeated or not of its type; `field` names it",
+        400 => {
+            "Malformed request: unreadable JSON, or a query parameter that is unknown, repeated or not of its type; `field` names it"
+        }
         401 => "Missing, unknown, expired or revoked bearer token",
         403 => "This token's role may not do this",
         413 => "The request body is larger than the server accepts",
@@ -303,7 +307,9 @@ fn document_problems(op: &mut Operation) {
         let response = ResponseBuilder::new()
             .description(problem_description(status))
             .content(PROBLEM_JSON, problem_content());
-        op.responses.responses.insert(key, RefOr::T(response.build()));
+        op.responses
+            .responses
+            .insert(key, RefOr::T(response.build()));
     }
     // Every 401 carries the challenge (problem.rs).
     if let Some(RefOr::T(unauthorized)) = op.responses.responses.get_mut("401") {
