@@ -35,9 +35,10 @@ pub enum GpuShape {
     },
 }
 
-/// The wire form: one object, exactly one of `gpus`, `mig`, `gpu_milli`.
+/// The wire form: one object, exactly one of `gpus`, `mig`, `gpu_milli`. Its OpenAPI schema
+/// (named `GpuShape`) is written by hand below: a `oneOf` of the three forms, so a schema-valid
+/// shape is one the API accepts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = GpuShape, example = json!({"mig": "3g.40gb"})))]
 #[serde(deny_unknown_fields)]
 pub struct ShapeWire {
     /// Number of whole GPUs on one node (0 for a CPU-only replica).
@@ -52,6 +53,83 @@ pub struct ShapeWire {
     /// Allowed GPU models; any when absent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<GpuModel>,
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for ShapeWire {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::ToSchema;
+        use utoipa::openapi::schema::{
+            AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaType, Type,
+        };
+        // Each form is closed, holds its one field and may list `models`: an object with two
+        // of the fields matches no form, as the API refuses it.
+        let form = |field: &str, schema: utoipa::openapi::RefOr<_>| {
+            ObjectBuilder::new()
+                .schema_type(SchemaType::new(Type::Object))
+                .property(field, schema)
+                .required(field)
+                .property(
+                    "models",
+                    ArrayBuilder::new()
+                        .items(utoipa::openapi::Ref::from_schema_name(
+                            <GpuModel as ToSchema>::name(),
+                        ))
+                        .unique_items(true)
+                        .description(Some("Allowed GPU models; any when absent.")),
+                )
+                .additional_properties(Some(
+                    AdditionalProperties::<utoipa::openapi::schema::Schema>::FreeForm(false),
+                ))
+        };
+        let count = |min: u32, max: u32, what: &str| {
+            ObjectBuilder::new()
+                .schema_type(SchemaType::new(Type::Integer))
+                .minimum(Some(min))
+                .maximum(Some(max))
+                .description(Some(what.to_owned()))
+                .into()
+        };
+        OneOfBuilder::new()
+            .item(form(
+                "gpus",
+                count(
+                    0,
+                    MAX_GPUS_PER_REPLICA,
+                    "Number of whole GPUs on one node (0 for a CPU-only replica).",
+                ),
+            ))
+            .item(form("mig", MigProfile::schema()))
+            .item(form(
+                "gpu_milli",
+                count(1, GPU_MILLI, "A share of one GPU in thousandths."),
+            ))
+            .description(Some(
+                "What each replica needs of GPUs: exactly one of `gpus`, `mig` or `gpu_milli`.",
+            ))
+            .examples([serde_json::json!({"mig": "3g.40gb"})])
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for ShapeWire {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "GpuShape".into()
+    }
+
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::{PartialSchema, ToSchema};
+        schemas.push((
+            <GpuModel as ToSchema>::name().into(),
+            <GpuModel as PartialSchema>::schema(),
+        ));
+    }
 }
 
 impl TryFrom<ShapeWire> for GpuShape {

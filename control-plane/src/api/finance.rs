@@ -29,11 +29,15 @@ const MAX_RANGE_DAYS: i64 = 400;
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct SummaryQuery {
-    /// Start (inclusive), RFC 3339; default: the first of this month (UTC).
+    /// Start (inclusive), RFC 3339; default: the first of this month (UTC). At most 400 days
+    /// before `to`.
+    #[param(value_type = Option<String>, format = DateTime)]
     pub from: Option<String>,
-    /// End (exclusive), RFC 3339; default: now.
+    /// End (exclusive), RFC 3339, later than `from`; default: now.
+    #[param(value_type = Option<String>, format = DateTime)]
     pub to: Option<String>,
     /// `team`, `job`, `provider`, `region` or `market` (default `team`).
+    #[param(value_type = Option<GroupBy>)]
     pub group_by: Option<String>,
 }
 
@@ -42,11 +46,15 @@ pub struct SummaryQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ExportQuery {
-    /// Start (inclusive), RFC 3339; default: the first of this month (UTC).
+    /// Start (inclusive), RFC 3339; default: the first of this month (UTC). At most 400 days
+    /// before `to`.
+    #[param(value_type = Option<String>, format = DateTime)]
     pub from: Option<String>,
-    /// End (exclusive), RFC 3339; default: now.
+    /// End (exclusive), RFC 3339, later than `from`; default: now.
+    #[param(value_type = Option<String>, format = DateTime)]
     pub to: Option<String>,
     /// `csv` (the ledger's lines) or `focus` (FinOps FOCUS columns); default `csv`.
+    #[param(pattern = "^(csv|focus)$")]
     pub format: Option<String>,
 }
 

@@ -155,7 +155,8 @@ pub struct ListJobs {
 }
 
 #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(ListJobs, PageParams),
-    responses((status = 200, body = Page<Job>), (status = 400, body = Problem), (status = 422, body = Problem)),
+    responses((status = 200, body = Page<Job>), (status = 400, body = Problem), (status = 422, body = Problem),
+        (status = 404, body = Problem, description = "No team named `team`")),
     security(("bearer" = [])))]
 pub async fn list_jobs(
     State(state): State<AppState>,

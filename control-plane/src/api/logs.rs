@@ -208,12 +208,15 @@ pub async fn post_logs(
 #[into_params(parameter_in = Query)]
 pub struct LogQuery {
     /// The replica, from 0 (default 0).
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295_i64)]
     pub replica: Option<u32>,
     /// The attempt, from 1 (default: the replica's latest).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 4294967295_i64)]
     pub attempt: Option<u32>,
     /// Stream until the attempt has ended and all of its output is sent (default false).
     pub follow: Option<bool>,
     /// Start with the last this many lines (0 to 100000; default: all that is kept).
+    #[param(minimum = 0, maximum = 100000)]
     pub tail: Option<u64>,
 }
 

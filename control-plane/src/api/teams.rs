@@ -23,12 +23,15 @@ use crate::store::{NewTeam, TeamPatch};
 #[schema(example = json!({"name": "research", "weight": 2.0, "cohort": "ml", "quotas": {"H100-80GB": {"nominal": 8, "borrowing_limit": 8}, "mig-3g.40gb": {"nominal": 4}}}))]
 pub struct CreateTeam {
     /// Lowercase letters, digits, `-`, `_`, `.`; 1–63 characters. Also the team's address.
+    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
     pub name: String,
     /// Fair-share weight, 0.001 to 1000 (default 1).
     #[serde(default = "default_weight")]
+    #[schema(minimum = 0.001, maximum = 1000)]
     pub weight: f64,
-    /// Cohort to lend idle quota to and borrow from.
+    /// Cohort to lend idle quota to and borrow from; named as teams are.
     #[serde(default)]
+    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
     pub cohort: Option<String>,
     /// Quota per GPU model (`H100-80GB`) or MIG profile (`mig-3g.40gb`).
     #[serde(default)]
@@ -44,10 +47,13 @@ fn default_weight() -> f64 {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateTeam {
+    /// Fair-share weight, 0.001 to 1000.
     #[serde(default)]
+    #[schema(minimum = 0.001, maximum = 1000)]
     pub weight: Option<f64>,
+    /// The cohort; `null` clears it.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<String>, required = false, pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
     pub cohort: Option<Option<String>>,
     /// Replaces all quotas.
     #[serde(default)]

@@ -211,7 +211,8 @@ pub async fn create(
 
 #[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks", description = "Subscriptions, newest first.",
     params(ListWebhooks, PageParams),
-    responses((status = 200, body = Page<Subscription>), (status = 400, body = Problem)), security(("bearer" = [])))]
+    responses((status = 200, body = Page<Subscription>), (status = 400, body = Problem),
+        (status = 404, body = Problem, description = "No team named `team`")), security(("bearer" = [])))]
 pub async fn list(
     State(state): State<AppState>,
     auth: Auth,
