@@ -80,7 +80,10 @@ fn share_of(a: &allocation::Model) -> Result<Share, StoreError> {
 /// `terminated_at`). `None`: nothing to bill yet, a node whose instance is not recorded (its
 /// cloud call has not answered, or its buyer stopped before recording it and the next sync
 /// will adopt it): a node bought costs from its instance's launch, not from its row.
-fn billing(n: &node::Model) -> Result<Option<(DateTime<Utc>, Option<DateTime<Utc>>)>, StoreError> {
+/// A billed span: its start, and its end once known.
+type Billed = (DateTime<Utc>, Option<DateTime<Utc>>);
+
+fn billing(n: &node::Model) -> Result<Option<Billed>, StoreError> {
     let state: NodeState = parse_col("nodes", &n.id, &n.state)?;
     let ended = state == NodeState::Terminated;
     if n.provider_instance_id.is_none() && n.ready_at.is_none() {
