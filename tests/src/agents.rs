@@ -124,3 +124,55 @@ pub async fn launch_agents(
         }
     }
 }
+
+/// Kills every agent (and so its workload) and waits for each: what a test does at its end,
+/// and on its way out when it fails (a `Child` is not killed when it is dropped).
+pub fn kill_all(agents: &Agents) {
+    let children: Vec<Child> = agents
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .map(|(_, c)| c)
+        .collect();
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// The example workload's output of every attempt of a job's replica, oldest attempt first,
+/// from the agents' work folders under `dir/agents`.
+pub fn replica_outputs(dir: &std::path::Path, job: &str, replica: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir.join("agents"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let base = e
+            .path()
+            .join("jobs")
+            .join(job)
+            .join(format!("replica-{replica}"));
+        for a in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let name = a.file_name().to_string_lossy().into_owned();
+            if let Some(n) = name.strip_prefix("attempt-").and_then(|n| n.parse().ok()) {
+                out.push((
+                    n,
+                    std::fs::read_to_string(a.path().join("output.log")).unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    out.sort_by_key(|(n, _)| *n);
+    out
+}
+
+/// The number after the last `prefix` (`done step=`, `resumed step=`) in an output.
+pub fn step_of(output: &str, prefix: &str) -> Option<u64> {
+    output
+        .lines()
+        .rev()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .find_map(|r| r.split_whitespace().next()?.parse().ok())
+}

@@ -48,6 +48,37 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// The database a test's control plane runs on.
+#[derive(Clone, Copy, Debug)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+impl Db {
+    /// The `[database]` table's lines: a SQLite file in `dir`, or a schema of its own
+    /// (`spt_test_<name>_<pid>_<port>`) on the test PostgreSQL.
+    pub fn config(self, dir: &Path, name: &str, port: u16) -> String {
+        match self {
+            Db::Sqlite => format!(
+                "url = \"sqlite://{}\"",
+                dir.join("spotplane.sqlite").display()
+            ),
+            Db::Postgres => format!(
+                "url = \"{}\"\nschema = \"spt_test_{name}_{}_{port}\"",
+                postgres_url(),
+                std::process::id()
+            ),
+        }
+    }
+}
+
+/// The last `n` lines of `s`.
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// A child process that is killed when dropped, with its output in a file for failures.
 pub struct Proc {
     pub child: Child,

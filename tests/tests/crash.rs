@@ -29,8 +29,10 @@ use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use serde_json::{Value, json};
-use spotplane_tests::agents::{Addresses, Agents, kill_agent, launch_agents};
-use spotplane_tests::{Proc, bin, free_port, postgres_url, repo_root};
+use spotplane_tests::agents::{
+    Addresses, Agents, kill_all, launch_agents, replica_outputs, step_of,
+};
+use spotplane_tests::{Db, Proc, bin, free_port, repo_root, tail};
 
 const ADMIN: &str = "e2e-crash-admin-token-0123456789abcdef";
 const SPEED: u32 = 10;
@@ -53,24 +55,8 @@ const POINTS: &[&str] = &[
 /// be reached here; the consolidation's own tests (tests/capacity.rs) drive it directly.
 const POINTS_REACHED_IF_ANY: &[&str] = &["consolidation"];
 
-#[derive(Clone, Copy, Debug)]
-enum Db {
-    Sqlite,
-    Postgres,
-}
-
 fn config(dir: &Path, port: u16, db: Db) -> String {
-    let database = match db {
-        Db::Sqlite => format!(
-            "url = \"sqlite://{}\"",
-            dir.join("spotplane.sqlite").display()
-        ),
-        Db::Postgres => format!(
-            "url = \"{}\"\nschema = \"spt_test_crash_{}_{port}\"",
-            postgres_url(),
-            std::process::id()
-        ),
-    };
+    let database = db.config(dir, "crash", port);
     let data = repo_root().join("../shared/data");
     format!(
         r#"
@@ -335,40 +321,16 @@ impl Run {
 
     /// The example workload's output of the job's last attempt.
     fn last_output(&self, job: &str) -> String {
-        let mut out: Vec<(u32, String)> = Vec::new();
-        for e in std::fs::read_dir(self.dir.path().join("agents"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let base = e.path().join("jobs").join(job).join("replica-0");
-            for a in std::fs::read_dir(&base).into_iter().flatten().flatten() {
-                let name = a.file_name().to_string_lossy().into_owned();
-                if let Some(n) = name.strip_prefix("attempt-").and_then(|n| n.parse().ok()) {
-                    out.push((
-                        n,
-                        std::fs::read_to_string(a.path().join("output.log")).unwrap_or_default(),
-                    ));
-                }
-            }
-        }
-        out.sort_by_key(|(n, _)| *n);
-        out.pop().map(|(_, o)| o).unwrap_or_default()
+        replica_outputs(self.dir.path(), job, 0)
+            .pop()
+            .map(|(_, o)| o)
+            .unwrap_or_default()
     }
 
     async fn stop(mut self) {
         self.launcher.abort();
         let _ = (&mut self.launcher).await;
-        let nodes: Vec<String> = self
-            .agents
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect();
-        for n in nodes {
-            kill_agent(&self.agents, &n);
-        }
+        kill_all(&self.agents);
     }
 }
 
@@ -382,23 +344,8 @@ impl Drop for Run {
             let kept = std::mem::replace(&mut self.dir, spare).keep();
             eprintln!("the run's folder is kept: {}", kept.display());
         }
-        let children: Vec<std::process::Child> = self
-            .agents
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .map(|(_, c)| c)
-            .collect();
-        for mut c in children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_all(&self.agents);
     }
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Per node, where the ledger's lines (from the plain CSV export) and the cloud's bill part.
@@ -448,15 +395,6 @@ fn ledger_against_bills(csv: &str, bills: &[Value]) -> String {
         ));
     }
     out
-}
-
-fn last_step(output: &str) -> Option<u64> {
-    output
-        .lines()
-        .rev()
-        .find_map(|l| l.split("done step=").nth(1))
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
 }
 
 async fn a_crash_at_every_step_loses_nothing(db: Db) {
@@ -578,7 +516,11 @@ async fn a_crash_at_every_step_loses_nothing(db: Db) {
             })
             .await;
         let out = run.last_output(job);
-        assert_eq!(last_step(&out), Some(*steps), "{job}: {j}\n{out}");
+        assert_eq!(
+            step_of(&out, "done step="),
+            Some(*steps),
+            "{job}: {j}\n{out}"
+        );
     }
     // The fleet is released when idle; then no instance runs on past the orphan grace.
     let bills = run

@@ -28,22 +28,18 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use spotplane_tests::agents::{Addresses, Agents, kill_agent, launch_agents};
-use spotplane_tests::{Proc, bin, free_port, postgres_url, repo_root};
+use spotplane_tests::agents::{
+    Addresses, Agents, kill_agent, kill_all, launch_agents, replica_outputs, step_of,
+};
+use spotplane_tests::{Db, Proc, bin, free_port, repo_root, tail};
 
 const ADMIN: &str = "e2e-recovery-admin-token-0123456789";
 const SPEED: u32 = 5;
-
-#[derive(Clone, Copy, Debug)]
-enum Db {
-    Sqlite,
-    Postgres,
-}
 
 struct Cluster {
     dir: tempfile::TempDir,
@@ -64,17 +60,7 @@ fn config(dir: &Path, port: u16, db: Db, one_gpu_nodes: bool) -> String {
     } else {
         ("[]", "[]")
     };
-    let database = match db {
-        Db::Sqlite => format!(
-            "url = \"sqlite://{}\"",
-            dir.join("spotplane.sqlite").display()
-        ),
-        Db::Postgres => format!(
-            "url = \"{}\"\nschema = \"spt_test_recovery_{}_{port}\"",
-            postgres_url(),
-            std::process::id()
-        ),
-    };
+    let database = db.config(dir, "recovery", port);
     let data = repo_root().join("../shared/data");
     format!(
         r#"
@@ -348,29 +334,7 @@ impl Cluster {
     }
 
     fn replica_outputs(&self, job: &str, replica: u32) -> Vec<(u32, String)> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(self.dir.path().join("agents"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let base = e
-                .path()
-                .join("jobs")
-                .join(job)
-                .join(format!("replica-{replica}"));
-            for a in std::fs::read_dir(&base).into_iter().flatten().flatten() {
-                let name = a.file_name().to_string_lossy().into_owned();
-                if let Some(n) = name.strip_prefix("attempt-").and_then(|n| n.parse().ok()) {
-                    out.push((
-                        n,
-                        std::fs::read_to_string(a.path().join("output.log")).unwrap_or_default(),
-                    ));
-                }
-            }
-        }
-        out.sort_by_key(|(n, _)| *n);
-        out
+        replica_outputs(self.dir.path(), job, replica)
     }
 
     /// The cloud takes the instance back with its notice.
@@ -403,16 +367,7 @@ impl Cluster {
         // Aborting only asks: a launcher busy on another worker could still start one more agent
         // after the list below is taken. Its end is awaited first.
         let _ = (&mut self.launcher).await;
-        let nodes: Vec<String> = self
-            .agents
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect();
-        for n in nodes {
-            kill_agent(&self.agents, &n);
-        }
+        kill_all(&self.agents);
         // The containers of killed agents (a next agent of the node would remove them).
         let (_, all) = self.call(reqwest::Method::GET, "/v1/nodes", None).await;
         for n in all["items"].as_array().cloned().unwrap_or_default() {
@@ -428,30 +383,8 @@ impl Drop for Cluster {
     /// when it is dropped.
     fn drop(&mut self) {
         self.launcher.abort();
-        let children: Vec<Child> = self
-            .agents
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .map(|(_, c)| c)
-            .collect();
-        for mut c in children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_all(&self.agents);
     }
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-fn step_of(line: &str, prefix: &str) -> Option<u64> {
-    line.lines()
-        .rev()
-        .filter_map(|l| l.strip_prefix(prefix))
-        .find_map(|r| r.split_whitespace().next()?.parse().ok())
 }
 
 /// What a replica of the example workload printed when its gang formed.
