@@ -4,6 +4,7 @@
 //! `cargo test --workspace` (and `scripts/test`, which builds them first) puts them.
 
 pub mod agents;
+pub mod cluster;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -32,7 +32,10 @@ use serde_json::{Value, json};
 use spotplane_tests::agents::{
     Addresses, Agents, kill_all, launch_agents, replica_outputs, step_of,
 };
-use spotplane_tests::{Db, Proc, bin, free_port, repo_root, tail};
+use spotplane_tests::cluster::{
+    ServeConfig, assert_one_instance_per_node, example_job, has_complete_checkpoint, job_instance,
+};
+use spotplane_tests::{Db, Proc, bin, free_port, tail};
 
 const ADMIN: &str = "e2e-crash-admin-token-0123456789abcdef";
 const SPEED: u32 = 10;
@@ -56,64 +59,17 @@ const POINTS: &[&str] = &[
 const POINTS_REACHED_IF_ANY: &[&str] = &["consolidation"];
 
 fn config(dir: &Path, port: u16, db: Db) -> String {
-    let database = db.config(dir, "crash", port);
-    let data = repo_root().join("../shared/data");
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:{port}"
-
-[database]
-{database}
-
-[sim]
-data_dir = "{data}"
-speed = {SPEED}
-state_dir = "{dir}/sim-state"
-
-[scheduler]
-interval = "1s"
-
-[capacity]
-interval = "1s"
-cluster = "crash-{port}"
-idle_grace = "1m"
-orphan_grace = "2m"
-
-[recovery]
-heartbeat_timeout = "5m"
-
-[finance]
-interval = "1s"
-settle = "30s"
-
-[webhooks]
-interval = "1s"
-retry_base = "1s"
-allow_private = true
-
-[object_store]
-url = "file://objects"
-
-[[providers]]
-kind = "sim"
-flavour = "aws"
-regions = ["us-east-1"]
-instance_types = ["g4dn.xlarge"]
-seed = 21
-boot_seconds = [20, 40]
-
-[[providers]]
-kind = "sim"
-flavour = "gcp"
-regions = ["us-central1"]
-instance_types = ["g2-standard-4"]
-seed = 22
-boot_seconds = [20, 40]
-"#,
-        data = data.display(),
-        dir = dir.display(),
-    )
+    let cluster = format!("crash-{port}");
+    ServeConfig {
+        speed: SPEED,
+        cluster: &cluster,
+        one_gpu_nodes: true,
+        seeds: (21, 22),
+        shared_clouds: true,
+        capacity: "idle_grace = \"1m\"\norphan_grace = \"2m\"",
+        extra: "[finance]\ninterval = \"1s\"\nsettle = \"30s\"\n\n[webhooks]\ninterval = \"1s\"\nretry_base = \"1s\"\nallow_private = true",
+    }
+    .toml(dir, port, &db.config(dir, "crash", port))
 }
 
 /// What the webhook endpoint received: `(webhook-id, event_id, job id, type)` in arrival order.
@@ -421,16 +377,9 @@ async fn a_crash_at_every_step_loses_nothing(db: Db) {
     let webhook = v["id"].as_str().expect("webhook id").to_owned();
     // Three one-GPU jobs with periodic checkpoints, each submitted once with an idempotency
     // key (a retry after a crash must not queue it twice).
-    let workload = spotplane_tests::workload_path(run.dir.path());
     let mut jobs = Vec::new();
     for (i, steps) in [600u32, 700, 800].into_iter().enumerate() {
-        let body = json!({
-            "name": format!("crash-{i}"), "team": "ml", "replicas": 1,
-            "shape": {"gpus": 1},
-            "command": [workload],
-            "env": {"TRAIN_STEPS": steps.to_string(), "TRAIN_STEP_MS": "50", "TRAIN_WEIGHTS_BYTES": "65536"},
-            "checkpoint": {"interval_s": 30, "uri": format!("file://{}/objects/crash-{i}", run.dir.path().display())},
-        });
+        let body = example_job(run.dir.path(), &format!("crash-{i}"), 1, steps, 30);
         let key = format!("crash-job-{i}");
         let mut answer = None;
         for _ in 0..50 {
@@ -462,10 +411,9 @@ async fn a_crash_at_every_step_loses_nothing(db: Db) {
     }
     // Once the first job runs and has checkpointed, its spot node is taken back with notice.
     let first = jobs[0].0.clone();
-    let (cloud, instance) = run
+    let (cloud, name) = run
         .until("the first job running with a checkpoint", 240, async |r| {
-            let j = r.job(&first).await;
-            if j["state"] != "running" {
+            if r.job(&first).await["state"] != "running" {
                 return None;
             }
             let (_, c) = r
@@ -475,29 +423,13 @@ async fn a_crash_at_every_step_loses_nothing(db: Db) {
                     None,
                 )
                 .await;
-            if !c["items"]
-                .as_array()?
-                .iter()
-                .any(|c| c["state"] == "complete")
-            {
+            if !has_complete_checkpoint(&c) {
                 return None;
             }
             let (_, o) = r.call(reqwest::Method::GET, "/v1/overview", None).await;
-            let replica = o["replicas"]
-                .as_array()?
-                .iter()
-                .find(|p| p["job_id"] == first.as_str())?;
-            let node = o["nodes"]
-                .as_array()?
-                .iter()
-                .find(|n| n["id"] == replica["node_id"])?;
-            Some((
-                node["cloud"].as_str()?.to_owned(),
-                node["provider_instance_id"].as_str()?.to_owned(),
-            ))
+            job_instance(&o, &first)
         })
         .await;
-    let name = instance.rsplit('/').next().unwrap_or(&instance).to_owned();
     let (s, v) = run
         .call(
             reqwest::Method::POST,
@@ -548,25 +480,7 @@ async fn a_crash_at_every_step_loses_nothing(db: Db) {
     let (_, nodes) = run
         .call(reqwest::Method::GET, "/v1/nodes?limit=500", None)
         .await;
-    let known: BTreeSet<String> = nodes["items"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .filter_map(|n| n["id"].as_str().map(str::to_owned))
-        .collect();
-    let mut per_node: BTreeMap<String, u32> = BTreeMap::new();
-    for b in &bills {
-        let node = b["node_id"]
-            .as_str()
-            .expect("every instance is a node's")
-            .to_owned();
-        assert!(known.contains(&node), "an instance of no known node: {b}");
-        *per_node.entry(node).or_default() += 1;
-    }
-    assert!(
-        per_node.values().all(|n| *n == 1),
-        "an instance bought twice: {per_node:?}"
-    );
+    assert_one_instance_per_node(&nodes, &bills);
     // The ledger equals the clouds' bills, once it has settled past the last instance's end.
     let billed: i64 = bills
         .iter()

@@ -11,7 +11,7 @@
 //!   ran on two nodes);
 //! - the API load on the survivors sees no 5xx.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,60 +27,30 @@ use serde_json::{Value, json};
 use spotplane_tests::agents::{
     Addresses, Agents, kill_all, launch_agents, replica_outputs, step_of,
 };
-use spotplane_tests::{Db, Proc, bin, free_port, repo_root};
+use spotplane_tests::cluster::{
+    ServeConfig, assert_one_instance_per_node, example_job, has_complete_checkpoint, job_instance,
+};
+use spotplane_tests::{Db, Proc, bin, free_port};
 
 const ADMIN: &str = "e2e-failover-admin-token-0123456789ab";
 const SPEED: u32 = 10;
 const REPLICAS: usize = 3;
 
 fn config(dir: &Path, port: u16, schema_port: u16) -> String {
-    let database = Db::Postgres.config(dir, "failover", schema_port);
-    let data = repo_root().join("../shared/data");
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:{port}"
-
-[database]
-{database}
-
-[sim]
-data_dir = "{data}"
-speed = {SPEED}
-state_dir = "{dir}/sim-state"
-
-[scheduler]
-interval = "1s"
-
-[capacity]
-interval = "1s"
-cluster = "failover-{schema_port}"
-idle_grace = "1m"
-
-[recovery]
-heartbeat_timeout = "5m"
-
-[object_store]
-url = "file://objects"
-
-[[providers]]
-kind = "sim"
-flavour = "aws"
-regions = ["us-east-1"]
-instance_types = ["g4dn.xlarge"]
-seed = 31
-boot_seconds = [20, 40]
-
-[[providers]]
-kind = "sim"
-flavour = "gcp"
-regions = ["us-central1"]
-instance_types = ["g2-standard-4"]
-seed = 32
-boot_seconds = [20, 40]
-"#,
-        data = data.display(),
-        dir = dir.display(),
+    let cluster = format!("failover-{schema_port}");
+    ServeConfig {
+        speed: SPEED,
+        cluster: &cluster,
+        one_gpu_nodes: true,
+        seeds: (31, 32),
+        shared_clouds: true,
+        capacity: "idle_grace = \"1m\"",
+        extra: "",
+    }
+    .toml(
+        dir,
+        port,
+        &Db::Postgres.config(dir, "failover", schema_port),
     )
 }
 
@@ -345,20 +315,19 @@ async fn the_leader_killed_twice_loses_nothing_and_buys_nothing_twice() {
         .await;
     assert_eq!(s, 201, "{v}");
     let (first_leader, _) = c.leader("scheduling").expect("a leader");
-    let workload = spotplane_tests::workload_path(c.dir.path());
     let mut jobs = Vec::new();
     for (i, steps) in [600u32, 700, 800].into_iter().enumerate() {
         let (s, v) = c
             .call(
                 reqwest::Method::POST,
                 "/v1/jobs",
-                Some(json!({
-                    "name": format!("failover-{i}"), "team": "ml", "replicas": 1,
-                    "shape": {"gpus": 1},
-                    "command": [workload],
-                    "env": {"TRAIN_STEPS": steps.to_string(), "TRAIN_STEP_MS": "50", "TRAIN_WEIGHTS_BYTES": "65536"},
-                    "checkpoint": {"interval_s": 30, "uri": format!("file://{}/objects/failover-{i}", c.dir.path().display())},
-                })),
+                Some(example_job(
+                    c.dir.path(),
+                    &format!("failover-{i}"),
+                    1,
+                    steps,
+                    30,
+                )),
             )
             .await;
         assert_eq!(s, 201, "{v}");
@@ -389,10 +358,9 @@ async fn the_leader_killed_twice_loses_nothing_and_buys_nothing_twice() {
     assert_eq!(killed, first_leader);
     // 2. While a node drains: its job checkpoints and is requeued.
     let first = jobs[0].0.clone();
-    let (cloud, instance) = c
+    let (cloud, name) = c
         .until("the first job running with a checkpoint", 240, async || {
-            let j = c.job(&first).await;
-            if j["state"] != "running" {
+            if c.job(&first).await["state"] != "running" {
                 return None;
             }
             let (_, cp) = c
@@ -402,29 +370,13 @@ async fn the_leader_killed_twice_loses_nothing_and_buys_nothing_twice() {
                     None,
                 )
                 .await;
-            if !cp["items"]
-                .as_array()?
-                .iter()
-                .any(|c| c["state"] == "complete")
-            {
+            if !has_complete_checkpoint(&cp) {
                 return None;
             }
             let (_, o) = c.call(reqwest::Method::GET, "/v1/overview", None).await;
-            let r = o["replicas"]
-                .as_array()?
-                .iter()
-                .find(|r| r["job_id"] == first.as_str())?;
-            let n = o["nodes"]
-                .as_array()?
-                .iter()
-                .find(|n| n["id"] == r["node_id"])?;
-            Some((
-                n["cloud"].as_str()?.to_owned(),
-                n["provider_instance_id"].as_str()?.to_owned(),
-            ))
+            job_instance(&o, &first)
         })
         .await;
-    let name = instance.rsplit('/').next().unwrap_or(&instance).to_owned();
     let (s, v) = c
         .call(
             reqwest::Method::POST,
@@ -469,14 +421,7 @@ async fn the_leader_killed_twice_loses_nothing_and_buys_nothing_twice() {
     let (_, nodes) = c
         .call(reqwest::Method::GET, "/v1/nodes?limit=500", None)
         .await;
-    let known: BTreeSet<String> = nodes["items"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .filter_map(|n| n["id"].as_str().map(str::to_owned))
-        .collect();
-    let mut per_node: BTreeMap<String, u32> = BTreeMap::new();
-    let mut instances = 0;
+    let mut bills = Vec::new();
     for cloud in ["aws", "gcp"] {
         let (s, v) = c
             .call(
@@ -486,17 +431,9 @@ async fn the_leader_killed_twice_loses_nothing_and_buys_nothing_twice() {
             )
             .await;
         assert_eq!(s, 200, "{v}");
-        for b in v["items"].as_array().expect("bills") {
-            let node = b["node_id"].as_str().expect("a node's").to_owned();
-            assert!(known.contains(&node), "an instance of no known node: {b}");
-            *per_node.entry(node).or_default() += 1;
-            instances += 1;
-        }
+        bills.extend(v["items"].as_array().cloned().unwrap_or_default());
     }
-    assert!(
-        per_node.values().all(|n| *n == 1),
-        "bought twice: {per_node:?}"
-    );
+    let instances = assert_one_instance_per_node(&nodes, &bills);
     let errors = counts
         .errors
         .lock()

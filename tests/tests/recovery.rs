@@ -36,7 +36,8 @@ use serde_json::{Value, json};
 use spotplane_tests::agents::{
     Addresses, Agents, kill_agent, kill_all, launch_agents, replica_outputs, step_of,
 };
-use spotplane_tests::{Db, Proc, bin, free_port, repo_root, tail};
+use spotplane_tests::cluster::ServeConfig;
+use spotplane_tests::{Db, Proc, bin, free_port, tail};
 
 const ADMIN: &str = "e2e-recovery-admin-token-0123456789";
 const SPEED: u32 = 5;
@@ -55,58 +56,17 @@ struct Cluster {
 
 /// The clouds sell only one-GPU machines when `one_gpu_nodes` (a gang then spans nodes).
 fn config(dir: &Path, port: u16, db: Db, one_gpu_nodes: bool) -> String {
-    let (aws_types, gcp_types) = if one_gpu_nodes {
-        (r#"["g4dn.xlarge"]"#, r#"["g2-standard-4"]"#)
-    } else {
-        ("[]", "[]")
-    };
-    let database = db.config(dir, "recovery", port);
-    let data = repo_root().join("../shared/data");
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:{port}"
-
-[database]
-{database}
-
-[sim]
-data_dir = "{data}"
-speed = {SPEED}
-
-[scheduler]
-interval = "1s"
-
-[capacity]
-interval = "1s"
-cluster = "e2e-{port}"
-
-[recovery]
-heartbeat_timeout = "5m"
-
-# Relative, as in the embedded default: it is read against serve's working directory ({dir}).
-[object_store]
-url = "file://objects"
-
-[[providers]]
-kind = "sim"
-flavour = "aws"
-regions = ["us-east-1"]
-instance_types = {aws_types}
-seed = 11
-boot_seconds = [20, 40]
-
-[[providers]]
-kind = "sim"
-flavour = "gcp"
-regions = ["us-central1"]
-instance_types = {gcp_types}
-seed = 12
-boot_seconds = [20, 40]
-"#,
-        data = data.display(),
-        dir = dir.display(),
-    )
+    let cluster = format!("e2e-{port}");
+    ServeConfig {
+        speed: SPEED,
+        cluster: &cluster,
+        one_gpu_nodes,
+        seeds: (11, 12),
+        shared_clouds: false,
+        capacity: "",
+        extra: "",
+    }
+    .toml(dir, port, &db.config(dir, "recovery", port))
 }
 
 fn serve(dir: &Path, config: &Path, n: u32) -> Proc {
