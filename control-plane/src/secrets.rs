@@ -333,9 +333,7 @@ impl fmt::Display for SecretName {
 /// never quote the value.
 pub fn validate_secret(name: &str, value: &str) -> FieldErrors {
     let mut errs = FieldErrors::new();
-    if let Err(m) = spotplane_core::validate::check_secret_name(name) {
-        errs.push("name", m);
-    }
+    errs.check_name("name", name);
     if value.is_empty() {
         errs.push("value", "must not be empty");
     }

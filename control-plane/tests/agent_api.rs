@@ -1099,6 +1099,60 @@ async fn bad_agent_input_gets_a_problem_naming_the_field(backend: Backend) {
         "{v}"
     );
 
+    // The protocol's own bounds, each named (docs/api.md "Named limits").
+    use spotplane_core::limits;
+    let job = JobId(uuid::Uuid::now_v7());
+    let over = |l: &limits::Limit| 0..=l.max;
+    let mut hb = heartbeat(id);
+    hb["gpus"] = over(&limits::HEARTBEAT_GPUS)
+        .map(|i| json!({"index": i}))
+        .collect();
+    hb["replicas"] = over(&limits::HEARTBEAT_REPLICAS)
+        .map(|i| json!({"job_id": job, "replica": i, "attempt": 1, "phase": "running"}))
+        .collect();
+    hb["results"] = over(&limits::HEARTBEAT_RESULTS)
+        .map(|_| json!({"command_id": uuid::Uuid::now_v7(), "ok": true}))
+        .collect();
+    let batch = |chunks: Vec<Value>| json!({ "chunks": chunks });
+    let chunk = |i: u64, bytes: usize| {
+        use base64::Engine;
+        json!({"job_id": job, "replica": 0, "attempt": 1, "offset": i,
+            "data": base64::engine::general_purpose::STANDARD.encode(vec![b'x'; bytes])})
+    };
+    for (path, body, want) in [
+        (
+            "/v1/agent/heartbeat",
+            hb,
+            vec![
+                ("gpus", "heartbeat_gpus"),
+                ("replicas", "heartbeat_replicas"),
+                ("results", "heartbeat_results"),
+            ],
+        ),
+        (
+            "/v1/agent/logs",
+            batch(over(&limits::LOG_CHUNKS).map(|i| chunk(i, 1)).collect()),
+            vec![("chunks", "log_chunks")],
+        ),
+        (
+            "/v1/agent/logs",
+            batch(vec![chunk(0, limits::LOG_CHUNK_BYTES.max as usize + 1)]),
+            vec![("chunks[0].data", "log_chunk_bytes")],
+        ),
+    ] {
+        let (s, v) = srv.call(Method::POST, path, Some(&cred), Some(&body)).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{path}: {v}");
+        let got: Vec<(&str, &str)> = v["errors"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| Some((e["field"].as_str()?, e["limit"].as_str()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(got, want, "{path}: {v}");
+    }
+
     let mut hb = heartbeat(id);
     hb["notice"] = json!({"source": "aws-instance-action", "action": "terminate", "deadline": "soon",
         "observed_at": chrono::Utc::now()});

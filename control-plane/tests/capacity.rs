@@ -31,6 +31,7 @@ on_both_databases!(
     an_offer_without_room_is_set_aside_and_the_next_one_bought,
     quota_credentials_throttling_and_network_errors_stop_the_cloud_for_the_round,
     a_refused_request_gives_up_that_buy_only,
+    consolidation_buys_the_cheaper_replacement_before_it_drains_the_node,
 );
 
 async fn store(db: &TestDb) -> Store {
@@ -682,4 +683,111 @@ async fn a_refused_request_gives_up_that_buy_only(backend: Backend) {
     assert_eq!(r.refused.len(), 1, "{r:?}");
     assert_eq!(r.refused.get("invalid_request"), Some(&1), "{r:?}");
     db.cleanup().await;
+}
+
+/// Consolidation's replace move, in Karpenter's order: a job put on on-demand during a spot
+/// crunch is not moved while no spot can be bought (a refused call, the node and its work
+/// untouched); once spot is back the replacement is bought first, the on-demand node is kept
+/// until it is ready, then drained, and the replacement is not taken for idle meanwhile.
+async fn consolidation_buys_the_cheaper_replacement_before_it_drains_the_node(backend: Backend) {
+    use spotplane_core::job::CheckpointSpec;
+    let db = TestDb::new(backend);
+    let store = store(&db).await;
+    let clock = clock();
+    let providers = sims(&clock).await;
+    let gcp = Arc::clone(providers.sim(Cloud::Gcp).expect("sim"));
+    gcp.set_spot_outage(true);
+    let team_id = team(&store, &clock).await;
+    let mut spec = JobSpec::new(
+        "fine-tune",
+        GpuShape::Whole {
+            gpus: 1,
+            models: vec![GpuModel::L4],
+        },
+        vec!["train".into()],
+    );
+    spec.checkpoint = Some(CheckpointSpec {
+        uri: "s3://ckpt/fine-tune".into(),
+        interval_s: 600,
+    });
+    let job = submit_spec(&store, &team_id, &clock, spec).await;
+    let (mut sched, mut cap) = loops(&store, &providers, &clock);
+
+    // No spot anywhere: the job's node is on-demand.
+    for _ in 0..10 {
+        sched.run_once().await.expect("cycle");
+        cap.run_once().await.expect("round");
+        if !live_nodes(&store).await.is_empty() {
+            break;
+        }
+        clock.advance(Duration::seconds(30));
+    }
+    let nodes = live_nodes(&store).await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    let old = nodes[0].clone();
+    assert_eq!(old.market, spotplane_core::Market::OnDemand, "{old:?}");
+    clock.advance(Duration::minutes(4));
+    cap.run_once().await.expect("round");
+    let r = sched.run_once().await.expect("cycle");
+    assert_eq!(r.admitted, 1, "{r:?}");
+
+    // Steady past consolidate_after, the crunch still on: the replacement is refused, and
+    // nothing else changes.
+    for _ in 0..4 {
+        clock.advance(Duration::minutes(6));
+        let c = cap.run_once().await.expect("round");
+        assert_eq!((c.bought, c.consolidated), (0, 0), "{c:?}");
+    }
+    let nodes = live_nodes(&store).await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert_eq!(nodes[0].state, NodeState::Ready);
+    let j = store.get_job(job, None).await.expect("job");
+    assert_eq!(j.attempt, 1, "never requeued: {j:?}");
+
+    // Spot is back: the replacement is bought, the old node keeps its work until it is ready.
+    gcp.set_spot_outage(false);
+    let mut replacement = None;
+    for _ in 0..12 {
+        clock.advance(Duration::minutes(1));
+        let c = cap.run_once().await.expect("round");
+        assert_eq!(c.consolidated, 0, "{c:?}");
+        if let Some(n) = live_nodes(&store)
+            .await
+            .into_iter()
+            .find(|n| n.id != old.id)
+        {
+            replacement = Some(n);
+            break;
+        }
+    }
+    let new = replacement.expect("a replacement bought once spot is back");
+    assert_eq!(new.market, spotplane_core::Market::Spot, "{new:?}");
+    assert!(new.hourly_price < old.hourly_price, "{new:?}");
+    assert_eq!(
+        new.labels.get(tags::REPLACES),
+        Some(&old.id.to_string()),
+        "{new:?}"
+    );
+    assert_eq!(
+        store.get_node(old.id).await.expect("old").state,
+        NodeState::Ready
+    );
+
+    // Ready: the old node is drained, once; the empty replacement is kept for its work.
+    clock.advance(Duration::minutes(4));
+    let c = cap.run_once().await.expect("round");
+    assert_eq!(c.consolidated, 1, "{c:?}");
+    assert_eq!(
+        store.get_node(old.id).await.expect("old").state,
+        NodeState::Draining
+    );
+    for _ in 0..3 {
+        clock.advance(Duration::minutes(3));
+        let c = cap.run_once().await.expect("round");
+        assert_eq!((c.consolidated, c.released), (0, 0), "{c:?}");
+    }
+    assert_eq!(
+        store.get_node(new.id).await.expect("new").state,
+        NodeState::Ready
+    );
 }

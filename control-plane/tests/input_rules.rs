@@ -83,6 +83,12 @@ async fn every_list_refuses_a_bad_cursor_or_limit_with_400_naming_it(backend: Ba
             }
             assert_eq!(s, StatusCode::BAD_REQUEST, "{list}?{query} -> {v}");
             assert_eq!(v["field"].as_str(), Some(field), "{list}?{query} -> {v}");
+            let over = ["limit=501", "limit=99999999999999999999999"].contains(&query);
+            assert_eq!(
+                v["limit"].as_str(),
+                over.then_some("page_size"),
+                "{list}?{query} -> {v}"
+            );
             assert_eq!(
                 h.get("content-type").and_then(|c| c.to_str().ok()),
                 Some("application/problem+json"),
@@ -390,6 +396,24 @@ async fn a_request_over_a_named_limit_gets_a_problem_naming_the_limit_and_the_fi
             "env.BIG",
             limits::ENV_VALUE_BYTES,
         ),
+        (
+            job(json!({"name": "n".repeat(limits::NAME_CHARS.max as usize + 1)})),
+            "name",
+            limits::NAME_CHARS,
+        ),
+        (
+            job(json!({"secrets": {"TOKEN": "s".repeat(limits::NAME_CHARS.max as usize + 1)}})),
+            "secrets.TOKEN",
+            limits::NAME_CHARS,
+        ),
+        (
+            job(json!({"checkpoint": {
+                "uri": format!("s3://b/{}", "k".repeat(limits::URI_CHARS.max as usize)),
+                "interval_s": 600,
+            }})),
+            "checkpoint.uri",
+            limits::URI_CHARS,
+        ),
     ];
     for (body, field, limit) in cases {
         let (s, v) = srv
@@ -402,6 +426,28 @@ async fn a_request_over_a_named_limit_gets_a_problem_naming_the_limit_and_the_fi
                 .any(|e| e["field"] == field && e["limit"] == limit.name)
         });
         assert!(named, "{field} over {}: {v}", limit.name);
+    }
+
+    // Names outside jobs: a team and a token.
+    for (path, body) in [
+        (
+            "/v1/teams",
+            json!({"name": "t".repeat(limits::NAME_CHARS.max as usize + 1)}),
+        ),
+        (
+            "/v1/teams/alpha/tokens",
+            json!({"name": "t".repeat(limits::NAME_CHARS.max as usize + 1)}),
+        ),
+    ] {
+        let (s, v) = srv
+            .call(Method::POST, path, Some(ADMIN_TOKEN), Some(&body))
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{path}: {v}");
+        assert_eq!(
+            (v["field"].as_str(), v["limit"].as_str()),
+            (Some("name"), Some("name_chars")),
+            "{path}: {v}"
+        );
     }
 
     // Too deep: a clean 422 naming json_depth, however deep (no 500, no stack overflow).

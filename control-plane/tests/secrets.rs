@@ -819,10 +819,57 @@ async fn a_clear_webhook_secret_from_before_sealing_still_signs_and_is_sealed_at
     srv.stop().await;
 }
 
+/// Runs `spotplane secrets reseal` on `config`'s database with `key` current and `previous`
+/// keys given in a configuration file; returns whether it succeeded and what it printed.
+async fn reseal_command(
+    config: &spotplane::config::Config,
+    key: &str,
+    previous: &[&str],
+) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let schema = config
+        .database
+        .schema
+        .as_ref()
+        .map(|s| format!("schema = \"{s}\"\n"))
+        .unwrap_or_default();
+    let previous: Vec<String> = previous.iter().map(|k| format!("\"{k}\"")).collect();
+    let file = dir.path().join("spotplane.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{}\"\n{schema}\n[secrets]\nkey = \"{key}\"\nprevious_keys = [{}]\n",
+            config.database.url,
+            previous.join(", ")
+        ),
+    )
+    .expect("config written");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_spotplane"))
+            .arg("--config")
+            .arg(&file)
+            .args(["secrets", "reseal"])
+            .current_dir(dir.path())
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("spotplane runs")
+    })
+    .await
+    .expect("joined");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// Key A seals a team secret and a rotated webhook's two secrets; with B current and A
-/// previous everything opens and signs; `reseal` moves every row to B, after which B alone
-/// opens them; a row under a key configured nowhere makes reseal fail naming it, writing
-/// nothing.
+/// previous everything opens and signs; `spotplane secrets reseal` moves every row to B, after
+/// which B alone opens them; a row under a key configured nowhere makes reseal fail naming it,
+/// writing nothing.
 async fn after_a_key_rotation_everything_opens_and_reseal_moves_it_to_the_new_key(
     backend: Backend,
 ) {
@@ -889,15 +936,19 @@ async fn after_a_key_rotation_everything_opens_and_reseal_moves_it_to_the_new_ke
         .expect_err("B alone does not open A's rows yet");
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
 
-    let report = store.reseal_secrets(&rotated).await.expect("resealed");
-    assert_eq!(
-        (
-            report.team_secrets,
-            report.webhook_subscriptions,
-            report.already_current
+    // The operator's command, as docs/deploy.md says to run it, with the rotated config (on
+    // SQLite, with no other process on the database: the store is closed meanwhile).
+    drop(store);
+    let (ok, out) = reseal_command(&db.config, &b64(raw_b), &[&b64(raw_a)]).await;
+    let store = Store::connect(&db.config.database, Metrics::new())
+        .await
+        .expect("connect");
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(
+            "resealed 1 team secrets and the signing secrets of 1 webhook subscriptions under the current key; 0 rows already were"
         ),
-        (1, 1, 0),
-        "{report:?}"
+        "{out}"
     );
     let again = store.reseal_secrets(&rotated).await.expect("again");
     assert_eq!(
@@ -945,6 +996,14 @@ async fn after_a_key_rotation_everything_opens_and_reseal_moves_it_to_the_new_ke
         "{text}"
     );
     assert!(text.contains("team secret stray"), "{text}");
+    // The command fails the same way, naming the rows, and writes nothing either.
+    drop(store);
+    let (ok, out) = reseal_command(&db.config, &b64(raw_b), &[]).await;
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&stray_row) && out.contains(&stray_hook),
+        "{out}"
+    );
     let after = team_secret::Entity::find().all(&conn).await.expect("rows");
     assert_eq!(before, after, "nothing written");
     let _ = conn.close().await;

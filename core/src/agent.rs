@@ -556,9 +556,9 @@ pub struct ManifestFile {
 }
 
 /// Most chunks one `POST /v1/agent/logs` may carry.
-pub const MAX_LOG_CHUNKS: usize = 256;
+pub const MAX_LOG_CHUNKS: usize = crate::limits::LOG_CHUNKS.max as usize;
 /// Most bytes of output (before base64) one chunk may carry.
-pub const MAX_LOG_CHUNK_BYTES: usize = 64 * 1024;
+pub const MAX_LOG_CHUNK_BYTES: usize = crate::limits::LOG_CHUNK_BYTES.max as usize;
 
 /// `POST /v1/agent/logs`: replicas' output, in order, from the node that runs them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,7 +15,7 @@ use crate::limits;
 use crate::money::Micros;
 use crate::node::Cloud;
 use crate::shape::{GpuShape, ResourceShape};
-use crate::validate::{FieldErrors, check_name};
+use crate::validate::FieldErrors;
 
 /// The most replicas one gang may have (Philly's largest jobs gang over 64 GPUs; a gang of
 /// shared-GPU replicas can be wider).
@@ -457,9 +457,7 @@ impl JobSpec {
     /// `now` is needed because a deadline must lie in the future.
     pub fn validate(&self, now: DateTime<Utc>) -> FieldErrors {
         let mut errs = FieldErrors::new();
-        if let Err(m) = check_name(&self.name) {
-            errs.push("name", m);
-        }
+        errs.check_name("name", &self.name);
         if let Some(r) = self.max_retries
             && r > MAX_RETRIES
         {
@@ -577,9 +575,7 @@ impl JobSpec {
                     "is also set in env; set it in one place",
                 );
             }
-            if let Err(m) = crate::validate::check_secret_name(name) {
-                errs.push(format!("secrets.{k}"), m);
-            }
+            errs.check_name(&format!("secrets.{k}"), name);
         }
         if self.secrets.len() as u64 > limits::SECRET_REFS.max {
             errs.push_over(
@@ -595,16 +591,19 @@ impl JobSpec {
                     "is only used to pull an image; set image too",
                 );
             }
-            if let Err(m) = crate::validate::check_secret_name(name) {
-                errs.push("image_pull_secret", m);
-            }
+            errs.check_name("image_pull_secret", name);
         }
         if let Some(c) = &self.checkpoint {
+            let uri_chars = c.uri.chars().count();
             match c.uri.split_once("://") {
-                _ if c.uri.chars().any(char::is_control) || c.uri.len() > 1024 => errs.push(
+                _ if uri_chars as u64 > limits::URI_CHARS.max => errs.push_over(
                     "checkpoint.uri",
-                    "must be at most 1024 characters without control characters",
+                    &limits::URI_CHARS,
+                    format_args!("has {uri_chars} characters"),
                 ),
+                _ if c.uri.chars().any(char::is_control) => {
+                    errs.push("checkpoint.uri", "must not hold control characters")
+                }
                 Some((scheme, rest))
                     if CHECKPOINT_SCHEMES.contains(&scheme)
                         && !rest.trim_matches('/').is_empty() => {}

@@ -107,6 +107,54 @@ pub const NAME_CHARS: Limit = Limit {
     applies_to: "names of jobs, teams, secrets",
 };
 
+/// GPU readings in one agent heartbeat.
+pub const HEARTBEAT_GPUS: Limit = Limit {
+    name: "heartbeat_gpus",
+    max: 512,
+    unit: "readings",
+    applies_to: "agent heartbeat `gpus`",
+};
+
+/// Replica states in one agent heartbeat.
+pub const HEARTBEAT_REPLICAS: Limit = Limit {
+    name: "heartbeat_replicas",
+    max: 512,
+    unit: "replicas",
+    applies_to: "agent heartbeat `replicas`",
+};
+
+/// Command results in one agent heartbeat.
+pub const HEARTBEAT_RESULTS: Limit = Limit {
+    name: "heartbeat_results",
+    max: 256,
+    unit: "results",
+    applies_to: "agent heartbeat `results`",
+};
+
+/// Files in one checkpoint manifest.
+pub const MANIFEST_FILES: Limit = Limit {
+    name: "manifest_files",
+    max: 100_000,
+    unit: "files",
+    applies_to: "agent checkpoint report `manifest.files`",
+};
+
+/// Chunks in one agent log batch.
+pub const LOG_CHUNKS: Limit = Limit {
+    name: "log_chunks",
+    max: 256,
+    unit: "chunks",
+    applies_to: "agent log batch `chunks`",
+};
+
+/// Output bytes (decoded) in one log chunk.
+pub const LOG_CHUNK_BYTES: Limit = Limit {
+    name: "log_chunk_bytes",
+    max: 64 * 1024,
+    unit: "bytes, decoded",
+    applies_to: "agent log batch `chunks[i].data`",
+};
+
 /// Every limit, for documentation and its test.
 pub const ALL: &[Limit] = &[
     BODY_BYTES,
@@ -121,6 +169,12 @@ pub const ALL: &[Limit] = &[
     SECRET_VALUE_BYTES,
     URI_CHARS,
     NAME_CHARS,
+    HEARTBEAT_GPUS,
+    HEARTBEAT_REPLICAS,
+    HEARTBEAT_RESULTS,
+    MANIFEST_FILES,
+    LOG_CHUNKS,
+    LOG_CHUNK_BYTES,
 ];
 
 /// How deeply `json` nests arrays and objects, counting only brackets outside strings; stops

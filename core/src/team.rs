@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::GpuModel;
 use crate::mig::MigProfile;
-use crate::validate::{FieldErrors, check_name};
+use crate::validate::FieldErrors;
 
 /// A resource flavour a quota is set on: whole/shared GPUs of a model (counted in GPUs), or
 /// instances of a MIG profile. Written `H100-80GB` or `mig-3g.40gb` (`nvidia.com/mig-3g.40gb`).
@@ -94,10 +94,8 @@ pub fn validate_team_settings(
     quotas: Option<&BTreeMap<QuotaResource, Quota>>,
 ) -> FieldErrors {
     let mut errs = FieldErrors::new();
-    if let Some(n) = name
-        && let Err(m) = check_name(n)
-    {
-        errs.push("name", m);
+    if let Some(n) = name {
+        errs.check_name("name", n);
     }
     if let Some(w) = weight
         && !(MIN_WEIGHT..=MAX_WEIGHT).contains(&w)
@@ -107,10 +105,8 @@ pub fn validate_team_settings(
             format!("must be between {MIN_WEIGHT} and {MAX_WEIGHT}, got {w}"),
         );
     }
-    if let Some(c) = cohort
-        && let Err(m) = check_name(c)
-    {
-        errs.push("cohort", m);
+    if let Some(c) = cohort {
+        errs.check_name("cohort", c);
     }
     if let Some(q) = quotas {
         for (res, quota) in q {

@@ -61,6 +61,18 @@ impl FieldErrors {
         });
     }
 
+    /// Checks `value` with [`check_name`], adding what is wrong under `field`; a name that is too
+    /// long names the [`crate::limits::NAME_CHARS`] limit.
+    pub fn check_name(&mut self, field: &str, value: &str) {
+        let limit = &crate::limits::NAME_CHARS;
+        let chars = value.chars().count();
+        if chars as u64 > limit.max {
+            self.push_over(field, limit, format_args!("has {chars} characters"));
+        } else if let Err(m) = check_name(value) {
+            self.push(field, m);
+        }
+    }
+
     /// Adds the errors of a nested value, prefixing their paths with `prefix`.
     pub fn extend_nested(&mut self, prefix: &str, nested: FieldErrors) {
         for e in nested.0 {
@@ -125,10 +137,12 @@ pub fn check_name(value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Err("must not be empty".into());
     }
-    if value.len() > 63 {
+    let max = crate::limits::NAME_CHARS.max;
+    if value.len() as u64 > max {
         return Err(format!(
-            "must be at most 63 characters, got {}",
-            value.len()
+            "must be at most {max} characters, got {} (limit {})",
+            value.chars().count(),
+            crate::limits::NAME_CHARS.name
         ));
     }
     let mut chars = value.chars();
@@ -177,5 +191,18 @@ mod tests {
         outer.extend_nested("shape", inner);
         let fields: Vec<_> = outer.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["shape.gpus", "shape"]);
+    }
+
+    #[test]
+    fn a_long_name_names_its_limit_and_a_bad_one_does_not() {
+        let mut errs = FieldErrors::new();
+        errs.check_name("name", &"a".repeat(64));
+        errs.check_name("cohort", "Upper");
+        errs.check_name("ok", "fine");
+        let got: Vec<_> = errs
+            .iter()
+            .map(|e| (e.field.as_str(), e.limit.as_deref()))
+            .collect();
+        assert_eq!(got, [("name", Some("name_chars")), ("cohort", None)]);
     }
 }

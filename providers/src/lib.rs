@@ -28,6 +28,9 @@ pub mod tags {
     pub const NODE_ID: &str = "spotplane-node-id";
     /// The team whose demand bought it.
     pub const TEAM: &str = "spotplane-team";
+    /// Set on a node bought to replace another (consolidation): the node it replaces, which is
+    /// drained once this one is ready.
+    pub const REPLACES: &str = "spotplane-replaces";
 }
 
 use std::collections::BTreeMap;

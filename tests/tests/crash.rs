@@ -8,9 +8,10 @@
 //! Every point is armed from the start (`FAILPOINTS`); the first one the process reaches aborts
 //! it; it is restarted with the others armed, and so on, while the test drives a life that
 //! reaches them all: three jobs, a webhook endpoint, a spot node taken back with its notice,
-//! the work done, the fleet released. At the end:
+//! the work done, a fourth job put on on-demand during a spot crunch and moved to spot by
+//! consolidation once the crunch is over, the fleet released. At the end:
 //!
-//! - no acknowledged job is lost: all three succeeded, each at its last step;
+//! - no acknowledged job is lost: all four succeeded, each at its last step;
 //! - no instance leaked: every instance the clouds ran has ended, once the orphan grace passed;
 //! - none was bought twice: one instance at most per node, each of a node the control plane
 //!   knows;
@@ -40,8 +41,7 @@ use spotplane_tests::{Db, Proc, bin, free_port, tail};
 const ADMIN: &str = "e2e-crash-admin-token-0123456789abcdef";
 const SPEED: u32 = 10;
 
-/// Every crash point the run must reach (control-plane/src/failpoints.rs `POINTS`, less
-/// `consolidation`: see [`POINTS_REACHED_IF_ANY`]).
+/// Every crash point the run must reach (control-plane/src/failpoints.rs `POINTS`).
 const POINTS: &[&str] = &[
     "provision-after-node-row",
     "provision-after-cloud-call",
@@ -52,11 +52,9 @@ const POINTS: &[&str] = &[
     "requeue",
     "ledger-write",
     "webhook-delivery",
+    "consolidation",
     "release",
 ];
-/// Armed too, but this run's market may offer no cheaper place to move work to, so it need not
-/// be reached here; the consolidation's own tests (tests/capacity.rs) drive it directly.
-const POINTS_REACHED_IF_ANY: &[&str] = &["consolidation"];
 
 fn config(dir: &Path, port: u16, db: Db) -> String {
     let cluster = format!("crash-{port}");
@@ -66,7 +64,8 @@ fn config(dir: &Path, port: u16, db: Db) -> String {
         one_gpu_nodes: true,
         seeds: (21, 22),
         shared_clouds: true,
-        capacity: "idle_grace = \"1m\"\norphan_grace = \"2m\"",
+        // Consolidation looks at a node whose work has stayed put for a simulated minute.
+        capacity: "idle_grace = \"1m\"\norphan_grace = \"2m\"\nconsolidate_after = \"1m\"",
         extra: "[finance]\ninterval = \"1s\"\nsettle = \"30s\"\n\n[webhooks]\ninterval = \"1s\"\nretry_base = \"1s\"\nallow_private = true",
     }
     .toml(dir, port, &db.config(dir, "crash", port))
@@ -137,8 +136,7 @@ impl Run {
         let config = dir.path().join("spotplane.toml");
         std::fs::write(&config, self::config(dir.path(), port, db)).expect("config");
         let url = format!("http://127.0.0.1:{port}");
-        let mut armed: Vec<&'static str> = POINTS.to_vec();
-        armed.extend(POINTS_REACHED_IF_ANY);
+        let armed: Vec<&'static str> = POINTS.to_vec();
         let agents: Agents = Arc::default();
         let addresses: Addresses = Arc::default();
         let launcher = tokio::spawn(launch_agents(
@@ -269,6 +267,61 @@ impl Run {
         );
     }
 
+    /// Submits the example job `crash-{i}` of `steps` steps once, whatever crashes meanwhile
+    /// (one idempotency key: a retry after a crash must not queue it twice); returns its id.
+    async fn submit(&mut self, i: usize, steps: u32) -> String {
+        let body = example_job(self.dir.path(), &format!("crash-{i}"), 1, steps, 30);
+        let key = format!("crash-job-{i}");
+        for _ in 0..50 {
+            let r = self
+                .http
+                .post(format!("{}/v1/jobs", self.url))
+                .bearer_auth(ADMIN)
+                .header("Idempotency-Key", &key)
+                .json(&body)
+                .send()
+                .await;
+            match r {
+                Ok(r) => {
+                    let s = r.status().as_u16();
+                    let v = r.json::<Value>().await.unwrap_or_default();
+                    assert!(s == 201 || s == 200, "{s} {v}");
+                    return v["id"].as_str().expect("job id").to_owned();
+                }
+                Err(_) => self.until_ready().await,
+            }
+        }
+        panic!("job crash-{i} not submitted through 50 restarts");
+    }
+
+    /// Switches the spot crunch on or off on both clouds.
+    async fn spot_outage(&mut self, on: bool) {
+        for cloud in ["aws", "gcp"] {
+            let (s, v) = self
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/sim/control/{cloud}/spot-outage?on={on}"),
+                    None,
+                )
+                .await;
+            assert_eq!(s, 200, "{v}");
+        }
+    }
+
+    /// The market of the node running `job`'s first replica, if it runs.
+    async fn market_of(&mut self, job: &str) -> Option<String> {
+        let (_, o) = self.call(reqwest::Method::GET, "/v1/overview", None).await;
+        let replica = o["replicas"]
+            .as_array()?
+            .iter()
+            .find(|r| r["job_id"] == job)?;
+        let node = o["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["id"] == replica["node_id"])?;
+        Some(node["market"].as_str()?.to_owned())
+    }
+
     async fn job(&mut self, id: &str) -> Value {
         self.call(reqwest::Method::GET, &format!("/v1/jobs/{id}"), None)
             .await
@@ -379,35 +432,7 @@ async fn a_crash_at_every_step_loses_nothing(db: Db) {
     // key (a retry after a crash must not queue it twice).
     let mut jobs = Vec::new();
     for (i, steps) in [600u32, 700, 800].into_iter().enumerate() {
-        let body = example_job(run.dir.path(), &format!("crash-{i}"), 1, steps, 30);
-        let key = format!("crash-job-{i}");
-        let mut answer = None;
-        for _ in 0..50 {
-            let r = run
-                .http
-                .post(format!("{}/v1/jobs", run.url))
-                .bearer_auth(ADMIN)
-                .header("Idempotency-Key", &key)
-                .json(&body)
-                .send()
-                .await;
-            match r {
-                Ok(r) => {
-                    answer = Some((
-                        r.status().as_u16(),
-                        r.json::<Value>().await.unwrap_or_default(),
-                    ));
-                    break;
-                }
-                Err(_) => run.until_ready().await,
-            }
-        }
-        let (s, v) = answer.expect("submitted");
-        assert!(s == 201 || s == 200, "{s} {v}");
-        jobs.push((
-            v["id"].as_str().expect("job id").to_owned(),
-            u64::from(steps),
-        ));
+        jobs.push((run.submit(i, steps).await, u64::from(steps)));
     }
     // Once the first job runs and has checkpointed, its spot node is taken back with notice.
     let first = jobs[0].0.clone();
@@ -454,6 +479,33 @@ async fn a_crash_at_every_step_loses_nothing(db: Db) {
             "{job}: {j}\n{out}"
         );
     }
+    // Consolidation: while no spot is to be had anywhere, a fourth job lands on on-demand;
+    // once spot is back, the node is drained for a cheaper one (the crash point), and the job
+    // resumes there and finishes.
+    run.spot_outage(true).await;
+    let moved = run.submit(3, 1500).await;
+    run.until("the fourth job running on on-demand", 240, async |r| {
+        if r.job(&moved).await["state"] != "running" {
+            return None;
+        }
+        (r.market_of(&moved).await.as_deref() == Some("on-demand")).then_some(())
+    })
+    .await;
+    run.spot_outage(false).await;
+    let j = run
+        .until("the fourth job succeeded", 600, async |r| {
+            let j = r.job(&moved).await;
+            assert_ne!(j["state"], "failed", "{j}");
+            (j["state"] == "succeeded").then_some(j)
+        })
+        .await;
+    let out = run.last_output(&moved);
+    assert_eq!(step_of(&out, "done step="), Some(1500), "{j}\n{out}");
+    assert!(
+        !run.armed.contains(&"consolidation"),
+        "the on-demand node was never consolidated: {j}"
+    );
+
     // The fleet is released when idle; then no instance runs on past the orphan grace.
     let bills = run
         .until("every instance ended", 300, async |r| {

@@ -20,7 +20,7 @@ use spotplane_core::agent::{
     CheckpointOutcome, CheckpointReport, CommandKind, CommandResult, Heartbeat, HeartbeatResponse,
     PROTOCOL_VERSION, RegisterRequest, RegisterResponse,
 };
-use spotplane_core::{CheckpointId, Cloud, CommandId, FieldErrors, JobId, NodeId};
+use spotplane_core::{CheckpointId, Cloud, CommandId, FieldErrors, JobId, NodeId, limits};
 use utoipa::ToSchema;
 
 use super::AppState;
@@ -40,10 +40,7 @@ pub const CHECKPOINT_SIGNAL: &str = "SIGUSR1";
 pub const DEFAULT_BOOTSTRAP_TTL_SECS: u64 = 24 * 3600;
 /// Upper bounds on what one heartbeat may carry (a node has at most a few dozen GPUs, MIG
 /// devices and replicas); more is a broken or hostile agent.
-const MAX_TELEMETRY: usize = 512;
-const MAX_REPLICAS: usize = 512;
-const MAX_RESULTS: usize = 256;
-const MAX_MANIFEST_FILES: usize = 100_000;
+const MAX_MANIFEST_FILES: usize = limits::MANIFEST_FILES.max as usize;
 
 /// How often an agent polls its cloud's metadata service (REFERENCE.md: AWS every 5 s, Azure
 /// every second; GCP is answered by a held `wait_for_change` request, polled as a fallback).
@@ -196,14 +193,14 @@ pub async fn heartbeat(
     let hb: Heartbeat = body.parse()?;
     check_node(own, hb.node_id)?;
     let mut errs = FieldErrors::new();
-    if hb.gpus.len() > MAX_TELEMETRY {
-        errs.push("gpus", format!("at most {MAX_TELEMETRY} entries"));
-    }
-    if hb.replicas.len() > MAX_REPLICAS {
-        errs.push("replicas", format!("at most {MAX_REPLICAS} entries"));
-    }
-    if hb.results.len() > MAX_RESULTS {
-        errs.push("results", format!("at most {MAX_RESULTS} entries"));
+    for (field, len, limit) in [
+        ("gpus", hb.gpus.len(), &limits::HEARTBEAT_GPUS),
+        ("replicas", hb.replicas.len(), &limits::HEARTBEAT_REPLICAS),
+        ("results", hb.results.len(), &limits::HEARTBEAT_RESULTS),
+    ] {
+        if len as u64 > limit.max {
+            errs.push_over(field, limit, format_args!("has {len} entries"));
+        }
     }
     errs.into_result()?;
     let commands = state.store().agent_heartbeat(own, &hb, state.now()).await?;
@@ -273,9 +270,10 @@ pub fn validate_report(r: &CheckpointReport) -> FieldErrors {
                 );
             }
             if m.files.len() > MAX_MANIFEST_FILES {
-                errs.push(
+                errs.push_over(
                     "manifest.files",
-                    format!("at most {MAX_MANIFEST_FILES} files"),
+                    &limits::MANIFEST_FILES,
+                    format_args!("has {} files", m.files.len()),
                 );
             }
             let mut total: u64 = 0;

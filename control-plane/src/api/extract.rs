@@ -44,6 +44,7 @@ impl JsonBody {
             Err(BodyRefused::Unreadable(detail)) => Err(ApiError::BadRequest {
                 detail: detail.clone(),
                 field: None,
+                limit: None,
             }),
         }
     }
@@ -92,6 +93,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             return Err(ApiError::BadRequest {
                 detail: "the request body is empty; expected a JSON object".into(),
                 field: None,
+                limit: None,
             });
         }
         Some(_) => return Err(ApiError::field("body", "expected a JSON object")),
@@ -114,6 +116,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             | serde_json::error::Category::Io => ApiError::BadRequest {
                 detail: format!("malformed JSON: {inner}"),
                 field: None,
+                limit: None,
             },
             serde_json::error::Category::Data => {
                 let message = strip_position(&inner.to_string());
@@ -127,6 +130,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     de.end().map_err(|e| ApiError::BadRequest {
         detail: format!("malformed JSON: {e} after the object"),
         field: Some("body".into()),
+        limit: None,
     })?;
     Ok(value)
 }
@@ -215,6 +219,7 @@ fn query_problem(rej: QueryRejection) -> ApiError {
     ApiError::BadRequest {
         detail,
         field: Some(field),
+        limit: None,
     }
 }
 
@@ -250,6 +255,7 @@ fn paging_problem(field: &str, detail: String) -> ApiError {
     ApiError::BadRequest {
         detail,
         field: Some(field.to_owned()),
+        limit: None,
     }
 }
 
@@ -283,6 +289,20 @@ where
             None => DEFAULT_PAGE_LIMIT,
             Some(text) => match text.parse::<u64>() {
                 Ok(n) if (1..=MAX_PAGE_LIMIT).contains(&n) => n,
+                // A whole number past the bound, however many digits: over the named limit.
+                _ if text.bytes().all(|b| b.is_ascii_digit())
+                    && text.bytes().any(|b| b != b'0') =>
+                {
+                    let limit = spotplane_core::limits::PAGE_SIZE;
+                    return Err(ApiError::BadRequest {
+                        detail: format!(
+                            "asks for {text} items: at most {} {} a page (limit {})",
+                            limit.max, limit.unit, limit.name
+                        ),
+                        field: Some("limit".into()),
+                        limit: Some(limit.name),
+                    });
+                }
                 _ => {
                     return Err(paging_problem(
                         "limit",
@@ -307,6 +327,7 @@ where
                 .map_err(|_| ApiError::BadRequest {
                     detail: "the query string cannot be read".into(),
                     field: Some("query".into()),
+                    limit: None,
                 })?;
         let Query(filter) = Query::<F>::try_from_uri(&uri).map_err(query_problem)?;
         Ok(Listing {

@@ -44,6 +44,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let bad = || ApiError::BadRequest {
         detail: "Idempotency-Key must be 1 to 255 visible ASCII characters".into(),
         field: Some("Idempotency-Key".into()),
+        limit: None,
     };
     let s = v.to_str().map_err(|_| bad())?;
     if s.is_empty() || s.len() > 255 || !s.bytes().all(|b| b.is_ascii_graphic()) {

@@ -128,7 +128,11 @@ pub struct LogBatchStored {
 fn decode_batch(batch: &LogBatch) -> Result<Vec<NewLogChunk>, FieldErrors> {
     let mut errs = FieldErrors::new();
     if batch.chunks.len() > MAX_LOG_CHUNKS {
-        errs.push("chunks", format!("at most {MAX_LOG_CHUNKS} chunks"));
+        errs.push_over(
+            "chunks",
+            &spotplane_core::limits::LOG_CHUNKS,
+            format_args!("has {} chunks", batch.chunks.len()),
+        );
         return Err(errs);
     }
     let b64 = base64::engine::general_purpose::STANDARD;
@@ -142,9 +146,10 @@ fn decode_batch(batch: &LogBatch) -> Result<Vec<NewLogChunk>, FieldErrors> {
             }
         };
         if data.len() > MAX_LOG_CHUNK_BYTES {
-            errs.push(
+            errs.push_over(
                 format!("chunks[{i}].data"),
-                format!("at most {MAX_LOG_CHUNK_BYTES} bytes"),
+                &spotplane_core::limits::LOG_CHUNK_BYTES,
+                format_args!("has {} bytes", data.len()),
             );
         }
         if c.eof && !data.is_empty() {
@@ -224,6 +229,7 @@ fn bad(field: &str, detail: impl Into<String>) -> ApiError {
     ApiError::BadRequest {
         detail: detail.into(),
         field: Some(field.to_owned()),
+        limit: None,
     }
 }
 

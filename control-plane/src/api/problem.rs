@@ -79,6 +79,8 @@ pub enum ApiError {
     BadRequest {
         detail: String,
         field: Option<String>,
+        /// The named limit ([`spotplane_core::limits`]) the field is over, if that is the problem.
+        limit: Option<&'static str>,
     },
     #[error("request body larger than {limit} bytes (limit body_bytes)")]
     PayloadTooLarge { limit: usize },
@@ -183,14 +185,18 @@ impl ApiError {
                 }
                 (Some(detail), shown)
             }
-            ApiError::BadRequest { detail, field } => (
+            ApiError::BadRequest {
+                detail,
+                field,
+                limit,
+            } => (
                 Some(detail.clone()),
                 field
                     .iter()
                     .map(|f| FieldError {
                         field: f.clone(),
                         message: detail.clone(),
-                        limit: None,
+                        limit: limit.map(str::to_owned),
                     })
                     .collect(),
             ),

@@ -9,7 +9,6 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use spotplane_core::FieldErrors;
 use spotplane_core::TokenId;
-use spotplane_core::validate::check_name;
 use utoipa::ToSchema;
 
 use super::AppState;
@@ -57,9 +56,7 @@ fn validate_token_request(
     now: DateTime<Utc>,
 ) -> FieldErrors {
     let mut errs = FieldErrors::new();
-    if let Err(m) = check_name(name) {
-        errs.push("name", m);
-    }
+    errs.check_name("name", name);
     if expires_at.is_some_and(|e| e <= now) {
         errs.push("expires_at", "must lie in the future");
     }

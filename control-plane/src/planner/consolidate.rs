@@ -43,9 +43,11 @@
 //! first, each as one hypothetical node of its own on which the scheduler must place every job
 //! of the node. The first that takes them all, whose expected hourly cost (a spot pool's price
 //! with its observed interruptions, as the planner counts it) is below the node's price by
-//! enough to pay for the restarts within the horizon, is the replacement: the node is drained
-//! and its jobs go back to the queue as demand, for which the planner buys as it always does
-//! (its choice is at least as good as the offer found here, by its own measure).
+//! enough to pay for the restarts within the horizon, is the replacement. As Karpenter does, the
+//! reconciler buys it first and drains the node only once the replacement is ready and still
+//! empty; the drained jobs then land on it. A replacement that cannot be had (a spot crunch
+//! the offers do not show yet) costs one refused call and the node keeps its work, rather
+//! than a restart and a second node bought at the old price.
 //!
 //! The reconciler runs it only when no job waits for capacity (free capacity then has no better
 //! use than taking the work of an emptier node), and drains at most

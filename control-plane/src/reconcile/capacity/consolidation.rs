@@ -1,13 +1,14 @@
 //! Consolidation, the capacity loop's last step: while no job waits for capacity, a ready node
-//! whose work fits on the rest of the fleet (or on a cheaper replacement), and for which giving
-//! it back saves more than moving the work costs, is drained ([`planner::consolidate`]). What
+//! whose work fits on the rest of the fleet, and for which giving it back saves more than
+//! moving the work costs, is drained ([`planner::consolidate`]); one whose work needs a
+//! cheaper replacement gets the replacement bought first and is drained once it is ready. What
 //! the planner needs besides the snapshot is kept here between rounds: since when each node's
 //! set of jobs has stayed the same, and each running job's work left.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
-use spotplane_core::{JobId, NodeId, NodeState};
+use spotplane_core::{JobId, Micros, NodeId, NodeState};
 use spotplane_providers::Offer;
 
 use super::{CapacityLoop, CapacityReport};
@@ -94,12 +95,97 @@ impl CapacityLoop {
         Ok(out)
     }
 
-    /// Consolidation: drains the nodes [`planner::consolidate`] picks. Runs only while no job
-    /// waits for capacity.
+    /// Replacements bought by earlier rounds ([`spotplane_providers::tags::REPLACES`]): once one is ready, and still
+    /// empty, the node it replaces is drained, and its work lands there. Returns the nodes
+    /// consolidation leaves alone this round: those whose replacement is on its way or has just
+    /// been drained for. Runs every round, so a move started is finished whatever waits.
+    pub(super) async fn finish_replacements(
+        &mut self,
+        nodes: &[crate::model::Node],
+        now: DateTime<Utc>,
+        report: &mut CapacityReport,
+    ) -> Result<HashSet<NodeId>, StoreError> {
+        let mut leave_alone = HashSet::new();
+        for r in nodes {
+            let Some(old) = super::replaced_by(r).and_then(|id| nodes.iter().find(|n| n.id == id))
+            else {
+                continue;
+            };
+            let empty = !self.node_jobs.contains_key(&r.id);
+            match r.state {
+                NodeState::Requested | NodeState::Booting => {
+                    leave_alone.insert(old.id);
+                }
+                NodeState::Ready if empty => {
+                    leave_alone.insert(old.id);
+                    if old.state == NodeState::Ready && self.node_jobs.contains_key(&old.id) {
+                        let reason = format!(
+                            "consolidation: its work moves to {} ({} {}), bought to replace it",
+                            r.name, r.instance_type, r.market
+                        );
+                        self.drain_for_consolidation(old.id, reason, now, report)
+                            .await?;
+                    }
+                }
+                // Taken by other work, or leaving: this move is over.
+                _ => {}
+            }
+        }
+        Ok(leave_alone)
+    }
+
+    /// Drains `node` for consolidation, with `reason` in its state.
+    async fn drain_for_consolidation(
+        &mut self,
+        node: NodeId,
+        reason: String,
+        now: DateTime<Utc>,
+        report: &mut CapacityReport,
+    ) -> Result<(), StoreError> {
+        match self
+            .store
+            .transition_node(node, NodeState::Draining, Some(reason.clone()), now)
+            .await
+        {
+            Ok(()) => {
+                crate::crash_point!("consolidation");
+                tracing::info!(%node, %reason, "consolidating: draining the node");
+                self.node_jobs.remove(&node);
+                report.consolidated += 1;
+            }
+            Err(StoreError::Conflict(why) | StoreError::NotFound(why)) => {
+                tracing::debug!(%node, %why, "consolidation dropped");
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// Whether the fleet's bounds (`capacity.max_nodes`, `capacity.max_hourly_usd`) leave room
+    /// for one more node at `offer`'s price while the node it replaces still runs.
+    fn room_for(&self, offer: &Offer, nodes: &[crate::model::Node]) -> bool {
+        let p = &self.settings.planner;
+        let count_ok = p
+            .max_nodes
+            .is_none_or(|max| (nodes.len() as u64) < u64::from(max));
+        let hourly: i64 = nodes.iter().map(|n| n.hourly_price.0).sum();
+        let price_ok = p
+            .max_hourly
+            .is_none_or(|max| hourly.saturating_add(offer.price.0) <= max.0);
+        count_ok && price_ok
+    }
+
+    /// Consolidation: acts on what [`planner::consolidate`] picks. A node whose work fits on
+    /// the rest of the fleet is drained now; one whose work needs a cheaper replacement gets
+    /// the replacement bought first, and is drained by [`Self::finish_replacements`] once it is
+    /// ready (Karpenter's order: a replacement that cannot be had costs one refused call, not
+    /// a restart of the work and a second node at the old price). Runs only while no job waits
+    /// for capacity; `leave_alone` are nodes whose move is under way.
     pub(super) async fn consolidate(
         &mut self,
         snap: &crate::scheduler::Snapshot,
         nodes: &[crate::model::Node],
+        leave_alone: &HashSet<NodeId>,
         now: DateTime<Utc>,
         report: &mut CapacityReport,
     ) -> Result<(), StoreError> {
@@ -109,7 +195,7 @@ impl CapacityLoop {
         }
         let mut costs: HashMap<NodeId, NodeCost> = HashMap::new();
         for n in nodes {
-            if n.state != NodeState::Ready {
+            if n.state != NodeState::Ready || leave_alone.contains(&n.id) {
                 continue;
             }
             if let Some((_, since)) = self.node_jobs.get(&n.id) {
@@ -165,38 +251,58 @@ impl CapacityLoop {
         };
         let chosen = planner::consolidate(now, input, &s);
         for c in chosen {
-            let reason = match &c.replacement {
-                None => format!(
+            let Some(offer) = &c.replacement else {
+                let reason = format!(
                     "consolidation: its {} job(s) fit on other nodes; giving it back saves ${:.2}/h",
                     c.jobs.len(),
                     c.saving_hourly.0 as f64 / 1e6
-                ),
-                Some(o) => format!(
-                    "consolidation: its {} job(s) fit on a cheaper {} ({}); replacing it saves ${:.2}/h",
-                    c.jobs.len(),
-                    o.instance_type,
-                    o.market,
-                    c.saving_hourly.0 as f64 / 1e6
-                ),
+                );
+                tracing::info!(node = %c.node, targets = ?c.targets, move_cost = %c.move_cost,
+                    "consolidating: the node's work fits elsewhere");
+                self.drain_for_consolidation(c.node, reason, now, report)
+                    .await?;
+                continue;
             };
-            match self
-                .store
-                .transition_node(c.node, NodeState::Draining, Some(reason), now)
-                .await
-            {
-                Ok(()) => {
-                    crate::crash_point!("consolidation");
-                    tracing::info!(node = %c.node, jobs = c.jobs.len(), targets = ?c.targets,
-                        replacement = c.replacement.as_ref().map(|o| o.id()),
-                        saving_hourly = %c.saving_hourly, move_cost = %c.move_cost,
-                        "consolidating: draining a node whose work fits elsewhere");
-                    self.node_jobs.remove(&c.node);
-                    report.consolidated += 1;
+            let Some(first) = c
+                .jobs
+                .first()
+                .and_then(|j| snap.running.iter().find(|r| r.id == *j))
+            else {
+                continue;
+            };
+            if !self.room_for(offer, nodes) {
+                tracing::debug!(node = %c.node, offer = %offer.id(),
+                    "consolidation: no room in the fleet's bounds for a replacement now");
+                continue;
+            }
+            let buy = planner::Buy {
+                job: first.id,
+                team: first.team.clone(),
+                offer: offer.clone(),
+                count: 1,
+                expected_hourly: Micros(
+                    nodes
+                        .iter()
+                        .find(|n| n.id == c.node)
+                        .map_or(0, |n| n.hourly_price.0)
+                        .saturating_sub(c.saving_hourly.0),
+                ),
+                deadline_forced: false,
+                fallbacks: Vec::new(),
+            };
+            match self.buy_one(&buy, Some(c.node), now).await? {
+                Ok((replacement, ..)) => {
+                    report.bought += 1;
+                    tracing::info!(node = %c.node, %replacement, offer = %offer.id(),
+                        jobs = c.jobs.len(), saving_hourly = %c.saving_hourly,
+                        move_cost = %c.move_cost,
+                        "consolidating: bought a cheaper replacement; the node drains once it is ready");
                 }
-                Err(StoreError::Conflict(why) | StoreError::NotFound(why)) => {
-                    tracing::debug!(node = %c.node, %why, "consolidation dropped");
+                Err(e) => {
+                    *report.refused.entry(e.kind()).or_default() += 1;
+                    tracing::info!(node = %c.node, offer = %offer.id(), error = %e,
+                        "consolidation: the replacement could not be bought; the node stays");
                 }
-                Err(e) => return Err(e),
             }
         }
         Ok(())

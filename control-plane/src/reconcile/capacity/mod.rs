@@ -42,6 +42,11 @@ use crate::store::{SpecCache, Store, StoreError};
 pub use provision::{Reaction, node_user_data, reaction};
 pub use sync::{SyncAction, SyncRules, diff};
 
+/// The node `n` was bought to replace (its [`tags::REPLACES`] label), if any.
+fn replaced_by(n: &crate::model::Node) -> Option<NodeId> {
+    n.labels.get(tags::REPLACES).and_then(|id| id.parse().ok())
+}
+
 /// Every node state but `terminated`: nodes that hold, or will hold, an instance.
 const LIVE: [NodeState; 5] = [
     NodeState::Requested,
@@ -308,7 +313,11 @@ impl CapacityLoop {
                 NodeState::Ready => FleetPhase::Ready,
                 _ => FleetPhase::Leaving,
             };
-            let idle = phase == FleetPhase::Ready && in_use == 0 && !used.contains_key(&n.id);
+            // A replacement waits, empty, for the node it replaces to drain: not idle while
+            // that node lives.
+            let awaited = replaced_by(n).is_some_and(|old| nodes.iter().any(|m| m.id == old));
+            let idle =
+                phase == FleetPhase::Ready && in_use == 0 && !used.contains_key(&n.id) && !awaited;
             let idle_since = if idle {
                 Some(*self.idle_since.entry(n.id).or_insert(now))
             } else {
@@ -369,8 +378,10 @@ impl CapacityLoop {
             }
         }
         self.track_node_jobs(&snap, now);
+        let leave_alone = self.finish_replacements(&nodes, now, &mut report).await?;
         if !demand_waits {
-            self.consolidate(&snap, &nodes, now, &mut report).await?;
+            self.consolidate(&snap, &nodes, &leave_alone, now, &mut report)
+                .await?;
         }
         // A spot node with a notice: its pool is interrupting now; set it aside for a while
         // (SkyPilot's EAGER_NEXT_REGION, Karpenter's unavailable offerings) so the work it

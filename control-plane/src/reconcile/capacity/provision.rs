@@ -91,7 +91,7 @@ impl CapacityLoop {
                 if stopped_clouds.contains(&buy.offer.cloud) {
                     break;
                 }
-                match self.buy_one(buy, now).await? {
+                match self.buy_one(buy, None, now).await? {
                     Ok(node) => {
                         report.bought += 1;
                         bought.push(node);
@@ -153,11 +153,13 @@ impl CapacityLoop {
     }
 
     /// Buys one node for `buy`, walking its fallbacks on capacity and price errors: the node,
-    /// its instance and its cloud. The outer error is the store's; the inner one the last
+    /// its instance and its cloud. A node bought to replace another carries that node's id in
+    /// its [`tags::REPLACES`] label. The outer error is the store's; the inner one the last
     /// provider error.
-    async fn buy_one(
+    pub(super) async fn buy_one(
         &mut self,
         buy: &planner::Buy,
+        replaces: Option<NodeId>,
         now: DateTime<Utc>,
     ) -> Result<Result<(NodeId, String, spotplane_core::Cloud), ProviderError>, StoreError> {
         let mut last = ProviderError::InsufficientCapacity {
@@ -178,6 +180,9 @@ impl CapacityLoop {
                 (tags::NODE_ID.to_owned(), node_id.to_string()),
                 (tags::TEAM.to_owned(), buy.team.to_string()),
             ]);
+            if let Some(old) = replaces {
+                labels.insert(tags::REPLACES.to_owned(), old.to_string());
+            }
             let node = NewNode {
                 id: node_id,
                 name: format!("spotplane-{}", node_id.as_uuid().simple()),
