@@ -72,6 +72,7 @@ pub fn router(sims: Vec<Arc<SimCloud>>, state: AppState) -> Router {
             post(control_instance),
         )
         .route("/sim/control/{cloud}/spot-outage", post(control_outage))
+        .route("/sim/control/{cloud}/calm", post(control_calm))
         .route("/sim/control/{cloud}/bills", get(control_bills))
         // A route layer: only matched routes ask for a token, so unknown paths stay 404.
         .route_layer(middleware::from_fn_with_state(state, admin_only))
@@ -162,6 +163,15 @@ async fn control_bills(
     Ok(axum::Json(json!({"cloud": cloud, "at": sim.now(), "items": sim.bills()})).into_response())
 }
 
+/// The `on=true|false` of a control route (true when absent).
+fn switch(query: &HashMap<String, String>) -> Result<bool, ApiError> {
+    match query.get("on").map(String::as_str) {
+        Some("true") | None => Ok(true),
+        Some("false") => Ok(false),
+        Some(_) => Err(ApiError::field("query.on", "must be true or false")),
+    }
+}
+
 /// `POST /sim/control/{cloud}/spot-outage?on=true|false`: a cloud-wide spot capacity crunch.
 async fn control_outage(
     State(front): State<Front>,
@@ -169,13 +179,23 @@ async fn control_outage(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let sim = sim_of(&front, &cloud)?;
-    let on = match query.get("on").map(String::as_str) {
-        Some("true") | None => true,
-        Some("false") => false,
-        Some(_) => return Err(ApiError::field("query.on", "must be true or false")),
-    };
+    let on = switch(&query)?;
     sim.set_spot_outage(on);
     Ok(axum::Json(json!({"cloud": cloud, "spot_outage": on})).into_response())
+}
+
+/// `POST /sim/control/{cloud}/calm?on=true|false`: a calm market, whatever the traces say:
+/// spot is always there and nothing bought is taken back (the crunch of `spot-outage` still
+/// wins while it is on).
+async fn control_calm(
+    State(front): State<Front>,
+    Path(cloud): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let sim = sim_of(&front, &cloud)?;
+    let on = switch(&query)?;
+    sim.set_calm(on);
+    Ok(axum::Json(json!({"cloud": cloud, "calm": on})).into_response())
 }
 
 async fn serve(

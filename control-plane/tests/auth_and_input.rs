@@ -950,6 +950,7 @@ async fn routes_outside_the_openapi_document_keep_their_rules(backend: Backend) 
     // No instance runs here: an admin gets past the role check to "no such instance".
     for (path, admin_gets) in [
         ("/sim/control/aws/spot-outage?on=false", StatusCode::OK),
+        ("/sim/control/gcp/calm?on=false", StatusCode::OK),
         (
             "/sim/control/gcp/instances/none/preempt",
             StatusCode::NOT_FOUND,

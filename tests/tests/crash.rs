@@ -294,13 +294,13 @@ impl Run {
         panic!("job crash-{i} not submitted through 50 restarts");
     }
 
-    /// Switches the spot crunch on or off on both clouds.
-    async fn spot_outage(&mut self, on: bool) {
+    /// Switches a simulated market condition (`spot-outage`, `calm`) on or off on both clouds.
+    async fn market(&mut self, control: &str, on: bool) {
         for cloud in ["aws", "gcp"] {
             let (s, v) = self
                 .call(
                     reqwest::Method::POST,
-                    &format!("/sim/control/{cloud}/spot-outage?on={on}"),
+                    &format!("/sim/control/{cloud}/{control}?on={on}"),
                     None,
                 )
                 .await;
@@ -480,10 +480,11 @@ async fn a_crash_at_every_step_loses_nothing(db: Db) {
         );
     }
     // Consolidation: while no spot is to be had anywhere, a fourth job lands on on-demand;
-    // once spot is back, the node is drained for a cheaper one (the crash point), and the job
-    // resumes there and finishes.
-    run.spot_outage(true).await;
-    let moved = run.submit(3, 1500).await;
+    // once spot is back (a calm market: the traces' own crunches would make the move wait),
+    // a cheaper replacement is bought, the on-demand node is drained (the crash point), and
+    // the job resumes on the replacement and finishes.
+    run.market("spot-outage", true).await;
+    let moved = run.submit(3, 1200).await;
     run.until("the fourth job running on on-demand", 240, async |r| {
         if r.job(&moved).await["state"] != "running" {
             return None;
@@ -491,7 +492,8 @@ async fn a_crash_at_every_step_loses_nothing(db: Db) {
         (r.market_of(&moved).await.as_deref() == Some("on-demand")).then_some(())
     })
     .await;
-    run.spot_outage(false).await;
+    run.market("calm", true).await;
+    run.market("spot-outage", false).await;
     let j = run
         .until("the fourth job succeeded", 600, async |r| {
             let j = r.job(&moved).await;
@@ -500,7 +502,7 @@ async fn a_crash_at_every_step_loses_nothing(db: Db) {
         })
         .await;
     let out = run.last_output(&moved);
-    assert_eq!(step_of(&out, "done step="), Some(1500), "{j}\n{out}");
+    assert_eq!(step_of(&out, "done step="), Some(1200), "{j}\n{out}");
     assert!(
         !run.armed.contains(&"consolidation"),
         "the on-demand node was never consolidated: {j}"
