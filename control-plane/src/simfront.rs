@@ -71,8 +71,26 @@ pub fn router(sims: Vec<Arc<SimCloud>>, state: AppState) -> Router {
             "/sim/control/{cloud}/instances/{instance}/{action}",
             post(control_instance),
         )
-        .route("/sim/control/{cloud}/spot-outage", post(control_outage))
-        .route("/sim/control/{cloud}/calm", post(control_calm))
+        .route(
+            "/sim/control/{cloud}/spot-outage",
+            post(
+                |State(f): State<Front>,
+                 Path(c): Path<String>,
+                 Query(q): Query<HashMap<String, String>>| {
+                    control_market(f, c, q, "spot_outage", SimCloud::set_spot_outage)
+                },
+            ),
+        )
+        .route(
+            "/sim/control/{cloud}/calm",
+            post(
+                |State(f): State<Front>,
+                 Path(c): Path<String>,
+                 Query(q): Query<HashMap<String, String>>| {
+                    control_market(f, c, q, "calm", SimCloud::set_calm)
+                },
+            ),
+        )
         .route("/sim/control/{cloud}/bills", get(control_bills))
         // A route layer: only matched routes ask for a token, so unknown paths stay 404.
         .route_layer(middleware::from_fn_with_state(state, admin_only))
@@ -173,29 +191,19 @@ fn switch(query: &HashMap<String, String>) -> Result<bool, ApiError> {
 }
 
 /// `POST /sim/control/{cloud}/spot-outage?on=true|false`: a cloud-wide spot capacity crunch.
-async fn control_outage(
-    State(front): State<Front>,
-    Path(cloud): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    let sim = sim_of(&front, &cloud)?;
-    let on = switch(&query)?;
-    sim.set_spot_outage(on);
-    Ok(axum::Json(json!({"cloud": cloud, "spot_outage": on})).into_response())
-}
-
 /// `POST /sim/control/{cloud}/calm?on=true|false`: a calm market, whatever the traces say:
-/// spot is always there and nothing bought is taken back (the crunch of `spot-outage` still
-/// wins while it is on).
-async fn control_calm(
-    State(front): State<Front>,
-    Path(cloud): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+/// spot is always there and nothing bought is taken back (the crunch still wins while on).
+async fn control_market(
+    front: Front,
+    cloud: String,
+    query: HashMap<String, String>,
+    condition: &'static str,
+    set: fn(&SimCloud, bool),
 ) -> Result<Response, ApiError> {
     let sim = sim_of(&front, &cloud)?;
     let on = switch(&query)?;
-    sim.set_calm(on);
-    Ok(axum::Json(json!({"cloud": cloud, "calm": on})).into_response())
+    set(&sim, on);
+    Ok(axum::Json(json!({"cloud": cloud, condition: on})).into_response())
 }
 
 async fn serve(

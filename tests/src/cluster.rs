@@ -121,17 +121,22 @@ pub fn has_complete_checkpoint(checkpoints: &Value) -> bool {
         .is_some_and(|items| items.iter().any(|c| c["state"] == "complete"))
 }
 
-/// The cloud and the instance (its last path segment: the name the simulator's control routes
-/// take) of the node running `job`'s first replica, from a `/v1/overview` answer.
-pub fn job_instance(overview: &Value, job: &str) -> Option<(String, String)> {
+/// The node running `job`'s first replica, from a `/v1/overview` answer.
+pub fn job_node<'a>(overview: &'a Value, job: &str) -> Option<&'a Value> {
     let replica = overview["replicas"]
         .as_array()?
         .iter()
         .find(|r| r["job_id"] == job)?;
-    let node = overview["nodes"]
+    overview["nodes"]
         .as_array()?
         .iter()
-        .find(|n| n["id"] == replica["node_id"])?;
+        .find(|n| n["id"] == replica["node_id"])
+}
+
+/// The cloud and the instance (its last path segment: the name the simulator's control routes
+/// take) of the node running `job`'s first replica, from a `/v1/overview` answer.
+pub fn job_instance(overview: &Value, job: &str) -> Option<(String, String)> {
+    let node = job_node(overview, job)?;
     let instance = node["provider_instance_id"].as_str()?;
     Some((
         node["cloud"].as_str()?.to_owned(),

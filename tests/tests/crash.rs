@@ -35,6 +35,7 @@ use spotplane_tests::agents::{
 };
 use spotplane_tests::cluster::{
     ServeConfig, assert_one_instance_per_node, example_job, has_complete_checkpoint, job_instance,
+    job_node,
 };
 use spotplane_tests::{Db, Proc, bin, free_port, tail};
 
@@ -311,15 +312,7 @@ impl Run {
     /// The market of the node running `job`'s first replica, if it runs.
     async fn market_of(&mut self, job: &str) -> Option<String> {
         let (_, o) = self.call(reqwest::Method::GET, "/v1/overview", None).await;
-        let replica = o["replicas"]
-            .as_array()?
-            .iter()
-            .find(|r| r["job_id"] == job)?;
-        let node = o["nodes"]
-            .as_array()?
-            .iter()
-            .find(|n| n["id"] == replica["node_id"])?;
-        Some(node["market"].as_str()?.to_owned())
+        Some(job_node(&o, job)?["market"].as_str()?.to_owned())
     }
 
     async fn job(&mut self, id: &str) -> Value {
