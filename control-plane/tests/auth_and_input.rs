@@ -1278,5 +1278,38 @@ async fn metrics_record_store_operations_and_requests() {
         "{text}"
     );
     assert!(text.contains("route=\"/v1/teams\""), "{text}");
+    // The fleet's gauges, read from the store at the scrape, after the process's own, in one
+    // exposition (one `# EOF`, at its end).
+    srv.store()
+        .create_node(
+            common::stored_node(
+                "n1",
+                "p5.48xlarge",
+                "35.5",
+                (192_000, 2_097_152),
+                common::h100(false),
+            ),
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("node");
+    let text = reqwest::get(format!("{}/metrics", srv.url))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        text.contains(
+            "spotplane_nodes{cloud=\"aws\",region=\"us-east-1\",market=\"spot\",state=\"requested\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("spotplane_gpu_allocation_ratio 0.0"),
+        "{text}"
+    );
+    assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+    assert!(text.ends_with("# EOF\n"), "{text}");
     srv.stop().await;
 }

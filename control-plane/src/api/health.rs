@@ -29,11 +29,52 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
 }
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    // The fleet's gauges come from the store; without it the process's own metrics still
+    // answer (an alert on the missing families, or on `up`, tells the rest).
+    let fleet = match fleet_state(&state).await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: the fleet could not be read from the store");
+            None
+        }
+    };
+    let registry = fleet.as_ref().map(|(nodes, snap, reasons)| {
+        crate::metrics::fleet::fleet_registry(&crate::metrics::fleet::FleetState {
+            nodes,
+            snapshot: snap,
+            reasons,
+        })
+    });
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.metrics().render(),
+        state.metrics().render_with(registry.as_ref()),
     )
+}
+
+type FleetRead = (
+    Vec<crate::model::Node>,
+    crate::scheduler::Snapshot,
+    std::collections::HashMap<
+        spotplane_core::JobId,
+        Option<crate::scheduler::snapshot::WaitReason>,
+    >,
+);
+
+/// What the fleet gauges are made from, read from the store.
+async fn fleet_state(state: &AppState) -> Result<FleetRead, crate::store::StoreError> {
+    let store = state.store();
+    let live: Vec<spotplane_core::NodeState> = spotplane_core::NodeState::ALL
+        .into_iter()
+        .filter(|s| !s.is_terminal())
+        .collect();
+    let nodes = store.list_nodes(&live).await?;
+    let snapshot = {
+        let mut cache = state.spec_cache().lock().await;
+        store.scheduler_snapshot(&mut cache).await?
+    };
+    let reasons = store.queued_reasons().await?;
+    Ok((nodes, snapshot, reasons))
 }

@@ -78,6 +78,8 @@ struct Inner {
     log_hub: logs::LogHub,
     /// Cancelled when the server shuts down: long answers (log followers) end.
     shutdown: CancellationToken,
+    /// Parsed job specs for the scheduler snapshot `/metrics` reads at each scrape.
+    spec_cache: tokio::sync::Mutex<crate::store::SpecCache>,
 }
 
 impl AppState {
@@ -104,6 +106,7 @@ impl AppState {
                 log_settings: logs::LogSettings::default(),
                 log_hub: logs::LogHub::default(),
                 shutdown: CancellationToken::new(),
+                spec_cache: tokio::sync::Mutex::default(),
             }),
         }
     }
@@ -243,6 +246,11 @@ impl AppState {
 
     pub fn now(&self) -> DateTime<Utc> {
         self.inner.clock.now()
+    }
+
+    /// The spec cache of the scrape's scheduler snapshot.
+    pub fn spec_cache(&self) -> &tokio::sync::Mutex<crate::store::SpecCache> {
+        &self.inner.spec_cache
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -1,7 +1,10 @@
 //! Prometheus metrics, served at `/metrics`.
 //!
 //! One registry per process, passed to whoever records (the store, the HTTP layer); nothing
-//! global, so tests can run several servers in one process.
+//! global, so tests can run several servers in one process. The fleet, queue and money gauges
+//! are read from the store at each scrape ([`fleet`]).
+
+pub mod fleet;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -118,12 +121,21 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        self.render_with(None)
+    }
+
+    /// The exposition of the process's metrics followed by `more` (the scrape's fleet gauges).
+    pub fn render_with(&self, more: Option<&Registry>) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
         let registry = match self.registry.lock() {
             Ok(r) => r,
             Err(poisoned) => poisoned.into_inner(),
         };
-        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        let encoded = encode_registry(&mut out, &registry)
+            .and_then(|()| more.map_or(Ok(()), |m| encode_registry(&mut out, m)))
+            .and_then(|()| encode_eof(&mut out));
+        if encoded.is_err() {
             out.clear();
         }
         out
