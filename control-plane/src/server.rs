@@ -129,6 +129,7 @@ impl Server {
                 Arc::new(store.clone()),
                 clock.clone(),
                 cancel.clone(),
+                Some(state.metrics().clone()),
             ));
         }
         state.set_ready(true);

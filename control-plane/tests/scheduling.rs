@@ -450,6 +450,7 @@ async fn a_cancelled_cycle_writes_nothing_and_the_loop_stops(backend: Backend) {
             Arc::new(store.clone()),
             Arc::new(SystemClock),
             cancel,
+            None,
         ),
     )
     .await

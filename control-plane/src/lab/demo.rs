@@ -148,7 +148,8 @@ pub async fn run(
         &data_dir.join("objects"),
     )
     .await?
-    .with_mixed_shapes();
+    .with_mixed_shapes()
+    .with_metrics(server.state.metrics().clone());
     if let Some(t) = resume_at {
         world.resume_at(t);
     }

@@ -271,6 +271,9 @@ pub struct World {
     /// Give some one-GPU jobs a MIG slice or a GPU share instead (the demo shows every way to
     /// use a GPU; the replays keep Philly's whole GPUs).
     mixed_shapes: bool,
+    /// Where the loops' passes are recorded, as the runner records them in `serve` (the live
+    /// demo's `/metrics`).
+    metrics: Option<Metrics>,
 }
 
 impl World {
@@ -400,6 +403,7 @@ impl World {
             end: spec.start + Duration::seconds(horizon as i64),
             consolidations: 0,
             mixed_shapes: false,
+            metrics: None,
         })
     }
 
@@ -446,12 +450,41 @@ impl World {
             self.submit(now).await?;
         }
         self.agents.tick(now, self.step).await?;
-        self.recovery.run_once().await?;
-        self.sched.run_once().await?;
+        let at = std::time::Instant::now();
+        let r = self.recovery.run_once().await?;
+        self.record("recovery", r, at);
+        let at = std::time::Instant::now();
+        let r = self.sched.run_once().await?;
+        self.record("scheduling", r, at);
+        let at = std::time::Instant::now();
         let c = self.cap.run_once().await?;
         self.consolidations += c.consolidated as u64;
+        self.record("capacity", c, at);
         self.clock.advance(self.step);
         Ok(())
+    }
+
+    /// Records the world's loops into `metrics`, as `serve`'s runner does; this world leads
+    /// the scheduling round.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        metrics.set_leader("scheduling", true);
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn record(
+        &self,
+        step: &'static str,
+        report: impl crate::reconcile::runner::Report + 'static,
+        at: std::time::Instant,
+    ) {
+        if let Some(m) = &self.metrics {
+            m.observe_pass(
+                step,
+                &crate::reconcile::runner::StepOutcome::Done(Box::new(report)),
+                at.elapsed(),
+            );
+        }
     }
 
     async fn submit(&mut self, now: DateTime<Utc>) -> anyhow::Result<()> {

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -35,6 +37,24 @@ pub struct ProviderCallLabels {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LockLabels {
+    pub lock: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PassLabels {
+    pub step: &'static str,
+    /// `done` or `failed`.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    pub step: &'static str,
+    pub event: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs to ~13 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
@@ -47,6 +67,9 @@ pub struct Metrics {
     pub store_ops: Family<StoreOpLabels, Histogram, fn() -> Histogram>,
     pub http_requests: Family<HttpLabels, Histogram, fn() -> Histogram>,
     pub provider_calls: Family<ProviderCallLabels, Histogram, fn() -> Histogram>,
+    pub leader: Family<LockLabels, Gauge>,
+    pub passes: Family<PassLabels, Histogram, fn() -> Histogram>,
+    pub events: Family<EventLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -90,11 +113,34 @@ impl Metrics {
             "Latency of cloud provider calls by cloud, operation and outcome (after retries)",
             provider_calls.clone(),
         );
+        let leader = Family::<LockLabels, Gauge>::default();
+        registry.register(
+            "leader",
+            "1 while this replica leads the loops under the lock, 0 otherwise",
+            leader.clone(),
+        );
+        let passes = Family::<PassLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "reconcile_pass_seconds",
+            "How long each loop's pass took (the scheduling cycle is step=\"scheduling\")",
+            passes.clone(),
+        );
+        let events = Family::<EventLabels, Counter>::default();
+        registry.register(
+            "reconcile_events",
+            "What the loops did: admissions, preemptions, notices, requeues, nodes bought, ...",
+            events.clone(),
+        );
         Metrics {
             registry: Arc::new(Mutex::new(registry)),
             store_ops,
             http_requests,
             provider_calls,
+            leader,
+            passes,
+            events,
         }
     }
 
@@ -110,6 +156,43 @@ impl Metrics {
                 })
                 .observe(took.as_secs_f64());
         })
+    }
+
+    /// Records whether this replica leads the loops under `lock`.
+    pub fn set_leader(&self, lock: &'static str, leading: bool) {
+        self.leader
+            .get_or_create(&LockLabels { lock })
+            .set(i64::from(leading));
+    }
+
+    /// Records one pass of a loop's step: how long it took and what it did.
+    pub fn observe_pass(
+        &self,
+        step: &'static str,
+        outcome: &crate::reconcile::runner::StepOutcome,
+        took: Duration,
+    ) {
+        use crate::reconcile::runner::StepOutcome;
+        let label = match outcome {
+            StepOutcome::Done(report) => {
+                for (event, n) in report.events() {
+                    if n > 0 {
+                        self.events
+                            .get_or_create(&EventLabels { step, event })
+                            .inc_by(n);
+                    }
+                }
+                "done"
+            }
+            StepOutcome::Failed(_) => "failed",
+            StepOutcome::Skipped => return,
+        };
+        self.passes
+            .get_or_create(&PassLabels {
+                step,
+                outcome: label,
+            })
+            .observe(took.as_secs_f64());
     }
 
     pub fn observe_store(&self, op: &'static str, ok: bool, took: Duration) {
@@ -139,5 +222,40 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconcile::runner::StepOutcome;
+    use crate::reconcile::scheduling::CycleReport;
+
+    #[test]
+    fn a_pass_records_its_time_and_its_events_and_a_skipped_one_nothing() {
+        let m = Metrics::new();
+        let report = CycleReport {
+            admitted: 2,
+            preempted: 1,
+            ..CycleReport::default()
+        };
+        for _ in 0..2 {
+            m.observe_pass(
+                "scheduling",
+                &StepOutcome::Done(Box::new(report.clone())),
+                Duration::from_millis(3),
+            );
+        }
+        m.observe_pass("recovery", &StepOutcome::Skipped, Duration::ZERO);
+        let text = m.render();
+        for want in [
+            r#"spotplane_reconcile_events_total{step="scheduling",event="admitted"} 4"#,
+            r#"spotplane_reconcile_events_total{step="scheduling",event="preempted_for_priority"} 2"#,
+            r#"spotplane_reconcile_pass_seconds_count{step="scheduling",outcome="done"} 2"#,
+        ] {
+            assert!(text.lines().any(|l| l == want), "{want} in\n{text}");
+        }
+        assert!(!text.contains("mig_relayouts"), "no zero events: {text}");
+        assert!(!text.contains("step=\"recovery\""), "{text}");
     }
 }

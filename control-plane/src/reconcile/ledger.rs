@@ -43,6 +43,14 @@ impl Report for LedgerReport {
         // could not read prices.
         self.budget_alerts == 0 && self.price_failures == 0
     }
+
+    fn events(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("ledger_lines", self.lines as u64),
+            ("budget_alerts", self.budget_alerts as u64),
+            ("price_failures", self.price_failures as u64),
+        ]
+    }
 }
 
 pub struct LedgerLoop {

@@ -38,6 +38,16 @@ impl Report for RecoveryReport {
     fn is_quiet(&self) -> bool {
         *self == RecoveryReport::default()
     }
+
+    fn events(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("cloud_notices", self.notices as u64),
+            ("requeued", self.requeued as u64),
+            ("replicas_dropped", self.replicas_dropped as u64),
+            ("failed", self.failed as u64),
+            ("nodes_lost", self.nodes_lost as u64),
+        ]
+    }
 }
 
 pub struct RecoveryLoop {

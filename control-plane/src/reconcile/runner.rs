@@ -53,6 +53,12 @@ impl ReconcileError {
 pub trait Report: Debug + Send {
     /// Nothing changed: logged at debug level only.
     fn is_quiet(&self) -> bool;
+
+    /// What the pass did, by event name, for `spotplane_reconcile_events_total`: things that
+    /// happened once (an admission, a requeue), never states that last over passes.
+    fn events(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 /// One loop of the control plane.
@@ -204,7 +210,7 @@ impl Round {
         &mut self,
         clock: &SharedClock,
         cancel: &CancellationToken,
-    ) -> Option<Vec<(&'static str, StepOutcome)>> {
+    ) -> Option<Vec<(&'static str, StepOutcome, Duration)>> {
         let mut out = Vec::with_capacity(self.steps.len());
         for step in &mut self.steps {
             let name = step.reconciler.name();
@@ -214,7 +220,7 @@ impl Round {
                     .every
                     .is_none_or(|every| step.last_run.is_none_or(|t| at - t >= every));
             if !due {
-                out.push((name, StepOutcome::Skipped));
+                out.push((name, StepOutcome::Skipped, Duration::ZERO));
                 continue;
             }
             step.last_run = Some(at);
@@ -230,7 +236,7 @@ impl Round {
                 Ok(report) => {
                     step.failures = 0;
                     step.retry_at = None;
-                    out.push((name, StepOutcome::Done(report)));
+                    out.push((name, StepOutcome::Done(report), at.elapsed()));
                 }
                 Err(e) => {
                     step.failures = step.failures.saturating_add(1);
@@ -238,7 +244,7 @@ impl Round {
                     step.retry_at = Some(Instant::now() + wait);
                     tracing::warn!(step = name, error = %e, failures = step.failures, retry_in = ?wait,
                         "pass failed; the rest of the round goes on");
-                    out.push((name, StepOutcome::Failed(e)));
+                    out.push((name, StepOutcome::Failed(e), at.elapsed()));
                 }
             }
         }
@@ -246,13 +252,22 @@ impl Round {
     }
 }
 
-/// Runs `round` on every tick until `cancel` fires, while this replica holds its lock.
+/// Runs `round` on every tick until `cancel` fires, while this replica holds its lock,
+/// recording into `metrics` whether it leads, how long each pass took and what it did.
 pub async fn run(
     mut round: Round,
     elector: Arc<dyn Elector>,
     clock: SharedClock,
     cancel: CancellationToken,
+    metrics: Option<crate::metrics::Metrics>,
 ) {
+    let lock = round.lock;
+    let leading = |on: bool| {
+        if let Some(m) = &metrics {
+            m.set_leader(lock, on);
+        }
+    };
+    leading(false);
     let mut tick = tokio::time::interval(round.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut lease: Option<Box<dyn Lease>> = None;
@@ -266,6 +281,7 @@ pub async fn run(
                 Ok(Some(l)) => {
                     tracing::info!(lock = round.lock, steps = ?round.names(), "leading");
                     lease = Some(l);
+                    leading(true);
                 }
                 Ok(None) => continue,
                 Err(e) => {
@@ -279,12 +295,16 @@ pub async fn run(
         {
             tracing::warn!(lock = round.lock, "lost leadership");
             lease = None;
+            leading(false);
             continue;
         }
         let Some(outcomes) = round.run_once(&clock, &cancel).await else {
             return;
         };
-        for (name, outcome) in outcomes {
+        for (name, outcome, took) in outcomes {
+            if let Some(m) = &metrics {
+                m.observe_pass(name, &outcome, took);
+            }
             if let StepOutcome::Done(report) = outcome {
                 if report.is_quiet() {
                     tracing::debug!(step = name, ?report, "pass");
@@ -425,7 +445,7 @@ mod tests {
             let out = round.run_once(&clock(), &cancel).await.unwrap_or_default();
             let failed = out
                 .iter()
-                .any(|(n, o)| *n == "recovery" && matches!(o, StepOutcome::Failed(_)));
+                .any(|(n, o, _)| *n == "recovery" && matches!(o, StepOutcome::Failed(_)));
             if taken(&log).contains(&"recovery") {
                 runs.push((tick * 50, failed));
             }
@@ -495,20 +515,46 @@ mod tests {
         });
         let round = Round::new("scheduling", Duration::from_secs(1)).step(scheduling);
         let cancel = CancellationToken::new();
+        let metrics = crate::metrics::Metrics::new();
         let task = tokio::spawn(run(
             round,
             Arc::clone(&elector) as Arc<dyn Elector>,
             clock(),
             cancel.clone(),
+            Some(metrics.clone()),
         ));
+        let sample = |name: &str| {
+            metrics
+                .render()
+                .lines()
+                .find(|l| l.starts_with(name))
+                .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+        };
         tokio::time::sleep(Duration::from_millis(3500)).await;
         assert!(taken(&log).is_empty(), "a follower runs nothing");
+        assert_eq!(
+            sample("spotplane_leader{lock=\"scheduling\"}").as_deref(),
+            Some("0")
+        );
         leading.store(true, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(taken(&log).len(), 3, "one pass a tick while leading");
+        assert_eq!(
+            sample("spotplane_leader{lock=\"scheduling\"}").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            sample("spotplane_reconcile_pass_seconds_count{step=\"scheduling\",outcome=\"done\"}")
+                .as_deref(),
+            Some("3")
+        );
         leading.store(false, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(taken(&log).is_empty(), "the lease lost: nothing runs");
+        assert_eq!(
+            sample("spotplane_leader{lock=\"scheduling\"}").as_deref(),
+            Some("0")
+        );
         leading.store(true, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(!taken(&log).is_empty());

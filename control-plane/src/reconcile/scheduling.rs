@@ -51,6 +51,14 @@ impl Report for CycleReport {
     fn is_quiet(&self) -> bool {
         self.admitted + self.preempted + self.relayouts == 0
     }
+
+    fn events(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("admitted", self.admitted as u64),
+            ("preempted_for_priority", self.preempted as u64),
+            ("mig_relayouts", self.relayouts as u64),
+        ]
+    }
 }
 
 #[async_trait]

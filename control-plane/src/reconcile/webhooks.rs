@@ -36,6 +36,14 @@ impl Report for DeliveryReport {
     fn is_quiet(&self) -> bool {
         self.failed == 0
     }
+
+    fn events(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("deliveries_attempted", self.attempted as u64),
+            ("deliveries_delivered", self.delivered as u64),
+            ("deliveries_failed", self.failed as u64),
+        ]
+    }
 }
 
 pub struct WebhookLoop {

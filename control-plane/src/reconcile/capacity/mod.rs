@@ -89,6 +89,19 @@ impl Report for CapacityReport {
             + self.consolidated
             == 0
     }
+
+    fn events(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("nodes_bought", self.bought as u64),
+            ("nodes_ready", self.ready as u64),
+            ("nodes_released", self.released as u64),
+            ("nodes_consolidated", self.consolidated as u64),
+            ("nodes_vanished", self.vanished as u64),
+            ("instances_adopted", self.adopted as u64),
+            ("orphans_swept", self.orphans as u64),
+            ("buys_refused", self.refused.values().sum()),
+        ]
+    }
 }
 
 #[async_trait]
