@@ -1293,7 +1293,30 @@ async fn metrics_record_store_operations_and_requests() {
         )
         .await
         .expect("node");
-    let text = reqwest::get(format!("{}/metrics", srv.url))
+    // Without a token: the process's own metrics, no team, no price.
+    let public = reqwest::get(format!("{}/metrics", srv.url))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(!public.contains("spotplane_nodes"), "{public}");
+    assert!(public.ends_with("# EOF\n"), "{public}");
+    // A team's token is refused, as on any admin route; the admin's gets the fleet.
+    let team = srv.team_with_token("alpha").await;
+    let (s, _, _) = srv
+        .raw(Method::GET, "/metrics", Some(&team), None, &[])
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, _, _) = srv
+        .raw(Method::GET, "/metrics", Some("not-a-token"), None, &[])
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let text = srv
+        .http
+        .get(format!("{}/metrics", srv.url))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
         .await
         .expect("metrics")
         .text()

@@ -1,13 +1,16 @@
-//! Liveness, readiness and metrics: unauthenticated, for load balancers and Prometheus.
+//! Liveness, readiness and metrics: unauthenticated, for load balancers and Prometheus (the
+//! fleet's metrics ask for an admin or finance token).
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::extract::Auth;
 use super::problem::ApiError;
+use crate::model::Role;
 
 /// The process is up.
 pub async fn healthz() -> Json<Value> {
@@ -28,15 +31,34 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
     Ok(Json(json!({"status": "ready"})))
 }
 
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+/// `GET /metrics`. Without a token: this process's own metrics (requests, store calls, loops),
+/// which name no team and no price. With an admin or finance token (Prometheus'
+/// `authorization` setting): the fleet, queue and money gauges too, which carry team names and
+/// spend, as `/v1/overview` does. A token that is not valid, or of another role, is refused
+/// as on any route, so a misconfigured scrape fails loudly rather than quietly missing data.
+pub async fn metrics(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    auth: Result<Auth, ApiError>,
+) -> Result<impl IntoResponse, ApiError> {
+    let with_fleet = if headers.contains_key(header::AUTHORIZATION) {
+        auth?.require(&[Role::Admin, Role::Finance])?;
+        true
+    } else {
+        false
+    };
     // The fleet's gauges come from the store; without it the process's own metrics still
-    // answer (an alert on the missing families, or on `up`, tells the rest).
-    let fleet = match fleet_state(&state).await {
-        Ok(f) => Some(f),
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics: the fleet could not be read from the store");
-            None
+    // answer (an alert on the missing families tells the rest).
+    let fleet = if with_fleet {
+        match fleet_state(&state).await {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: the fleet could not be read from the store");
+                None
+            }
         }
+    } else {
+        None
     };
     let registry = fleet.as_ref().map(|(nodes, snap, reasons)| {
         crate::metrics::fleet::fleet_registry(&crate::metrics::fleet::FleetState {
@@ -45,13 +67,13 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             reasons,
         })
     });
-    (
+    Ok((
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         state.metrics().render_with(registry.as_ref()),
-    )
+    ))
 }
 
 type FleetRead = (
