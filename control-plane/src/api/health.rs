@@ -50,43 +50,28 @@ pub async fn metrics(
     // The fleet's gauges come from the store; without it the process's own metrics still
     // answer (an alert on the missing families tells the rest).
     let fleet = if with_fleet {
-        match fleet_state(&state).await {
-            Ok(f) => Some(f),
-            Err(e) => {
+        fleet_registry(&state)
+            .await
+            .inspect_err(|e| {
                 tracing::warn!(error = %e, "metrics: the fleet could not be read from the store");
-                None
-            }
-        }
+            })
+            .ok()
     } else {
         None
     };
-    let registry = fleet.as_ref().map(|(nodes, snap, reasons)| {
-        crate::metrics::fleet::fleet_registry(&crate::metrics::fleet::FleetState {
-            nodes,
-            snapshot: snap,
-            reasons,
-        })
-    });
     Ok((
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.metrics().render_with(registry.as_ref()),
+        state.metrics().render_with(fleet.as_ref()),
     ))
 }
 
-type FleetRead = (
-    Vec<crate::model::Node>,
-    crate::scheduler::Snapshot,
-    std::collections::HashMap<
-        spotplane_core::JobId,
-        Option<crate::scheduler::snapshot::WaitReason>,
-    >,
-);
-
-/// What the fleet gauges are made from, read from the store.
-async fn fleet_state(state: &AppState) -> Result<FleetRead, crate::store::StoreError> {
+/// The fleet, queue and money gauges, from what the store says now.
+async fn fleet_registry(
+    state: &AppState,
+) -> Result<prometheus_client::registry::Registry, crate::store::StoreError> {
     let store = state.store();
     let live: Vec<spotplane_core::NodeState> = spotplane_core::NodeState::ALL
         .into_iter()
@@ -98,5 +83,11 @@ async fn fleet_state(state: &AppState) -> Result<FleetRead, crate::store::StoreE
         store.scheduler_snapshot(&mut cache).await?
     };
     let reasons = store.queued_reasons().await?;
-    Ok((nodes, snapshot, reasons))
+    Ok(crate::metrics::fleet::fleet_registry(
+        &crate::metrics::fleet::FleetState {
+            nodes: &nodes,
+            snapshot: &snapshot,
+            reasons: &reasons,
+        },
+    ))
 }

@@ -95,10 +95,11 @@ impl CapacityLoop {
         Ok(out)
     }
 
-    /// Replacements bought by earlier rounds ([`spotplane_providers::tags::REPLACES`]): once one is ready, and still
-    /// empty, the node it replaces is drained, and its work lands there. Returns the nodes
-    /// consolidation leaves alone this round: those whose replacement is on its way or has just
-    /// been drained for. Runs every round, so a move started is finished whatever waits.
+    /// Replacements bought by earlier rounds ([`spotplane_providers::tags::REPLACES`]): once
+    /// one is ready, and still empty, the node it replaces is drained, and its work lands
+    /// there. Returns the nodes consolidation leaves alone this round: those whose replacement
+    /// is on its way or has just been drained for. Runs every round, so a move started is
+    /// finished whatever waits.
     pub(super) async fn finish_replacements(
         &mut self,
         nodes: &[crate::model::Node],
