@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # The spotplane control plane: `spotplane serve` on port 8080, built with every cloud provider
-# (--features clouds). docs/building.md says how to build, push and run it:
+# (--features clouds,otlp). docs/building.md says how to build, push and run it:
 #
 #   docker build -t registry.example.com/spotplane:0.1.0 .
 #
@@ -25,7 +25,7 @@ COPY . .
 # copied out of the cache mount into the stage.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p spotplane --features clouds \
+    cargo build --release --locked -p spotplane --features clouds,otlp \
     && install -D -m 0755 target/release/spotplane /usr/local/bin/spotplane
 
 FROM ${DEBIAN_IMAGE} AS runtime-base

@@ -146,6 +146,7 @@ impl TelemetrySource for NvmlTelemetry {
                 ecc_sbe_volatile: ecc(MemoryError::Corrected, EccCounter::Volatile),
                 ecc_dbe_volatile: ecc(MemoryError::Uncorrected, EccCounter::Volatile),
                 ecc_dbe_aggregate: ecc(MemoryError::Uncorrected, EccCounter::Aggregate),
+                ..GpuTelemetry::default()
             });
             let mig_on = opt("mig mode", dev.mig_mode()).is_some_and(|m| m.current == 1);
             if !mig_on {
@@ -162,6 +163,10 @@ impl TelemetrySource for NvmlTelemetry {
                     index: i,
                     uuid: opt("uuid", dev.uuid()),
                     mig_uuid: opt("mig uuid", mig.uuid()),
+                    // NVML names a MIG device "<GPU name> MIG 1g.10gb". Its GPU instance id
+                    // and placement are not in nvml-wrapper's API: the control plane matches
+                    // the device to a job by GPU and profile.
+                    mig_profile: opt("mig name", mig.name()).and_then(|n| mig_profile_of(&n)),
                     memory_used_mib: mem.as_ref().map(|m| m.used / MIB),
                     memory_total_mib: mem.as_ref().map(|m| m.total / MIB),
                     ..GpuTelemetry::default()
@@ -170,6 +175,14 @@ impl TelemetrySource for NvmlTelemetry {
         }
         out
     }
+}
+
+/// The MIG profile in an NVML MIG device name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb").
+fn mig_profile_of(name: &str) -> Option<String> {
+    let (_, profile) = name.rsplit_once(" MIG ")?;
+    let profile = profile.trim();
+    (!profile.is_empty() && profile.contains('g') && profile.contains('.'))
+        .then(|| profile.to_owned())
 }
 
 /// A fixed reading, for tests and the simulator.
@@ -206,6 +219,19 @@ mod tests {
             assert!(t.sample().is_empty());
         }
         assert_eq!(t.unavailable_reason(), Some(why.as_str()));
+    }
+
+    #[test]
+    fn the_mig_profile_is_read_from_the_device_name() {
+        for (name, want) in [
+            ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", Some("1g.10gb")),
+            ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", Some("3g.20gb")),
+            ("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me", Some("1g.10gb+me")),
+            ("NVIDIA H100 80GB HBM3", None),
+            ("NVIDIA H100 MIG ", None),
+        ] {
+            assert_eq!(mig_profile_of(name).as_deref(), want, "{name}");
+        }
     }
 
     #[test]

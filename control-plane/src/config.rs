@@ -28,6 +28,8 @@ pub struct Config {
     pub recovery: RecoveryConfig,
     pub object_store: ObjectStoreConfig,
     pub log: LogConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     pub dev: DevConfig,
     pub sim: SimSettings,
     #[serde(default)]
@@ -435,6 +437,48 @@ pub struct LogConfig {
     pub format: LogFormat,
 }
 
+/// Traces, and the live page's samples (docs/observability.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// An OTLP/HTTP collector traces are exported to, e.g. `http://otel-collector:4318`
+    /// (spans go to `<endpoint>/v1/traces`). None: no export (the default).
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+    /// How often the live page's charts take a sample of the fleet; 0s: never.
+    #[serde(default = "default_history_interval", with = "humantime_serde")]
+    pub history_interval: Duration,
+    /// How many samples the charts keep (720 at one a minute: 12 hours).
+    #[serde(default = "default_history_samples")]
+    pub history_samples: usize,
+}
+
+fn default_service_name() -> String {
+    "spotplane".into()
+}
+
+fn default_history_interval() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_history_samples() -> usize {
+    720
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            service_name: default_service_name(),
+            history_interval: default_history_interval(),
+            history_samples: default_history_samples(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -564,6 +608,22 @@ impl Config {
                     self.server.listen
                 ),
             );
+        }
+        if let Some(e) = &self.telemetry.otlp_endpoint
+            && !matches!(
+                url::Url::parse(e).map(|u| u.scheme().to_owned()).as_deref(),
+                Ok("http" | "https")
+            )
+        {
+            errs.push(
+                "telemetry.otlp_endpoint",
+                format!(
+                    "{e:?} is not an http:// or https:// address such as http://otel-collector:4318"
+                ),
+            );
+        }
+        if !(1..=100_000).contains(&self.telemetry.history_samples) {
+            errs.push("telemetry.history_samples", "must be between 1 and 100000");
         }
         if !(1..=65_536).contains(&self.server.max_connections) {
             errs.push("server.max_connections", "must be between 1 and 65536");

@@ -137,7 +137,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve => {
             let config = Config::load(cli.config.as_deref())?;
-            telemetry::init(&config.log);
+            // Held until serve returns: dropping it flushes the spans not yet exported.
+            let _spans = telemetry::init_with(&config.log, &config.telemetry)?;
             spotplane::failpoints::arm_from_env()?;
             let clock: spotplane::clock::SharedClock = if config.sim.speed > 1.0 {
                 tracing::warn!(

@@ -105,12 +105,31 @@ pub struct Job {
     /// A requeued job waits for its back-off until then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<DateTime<Utc>>,
+    /// What its GPUs did over the run so far, from its nodes' telemetry; absent before the
+    /// first reading (and for a job without GPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<JobUtilization>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
     /// The submitted specification (its `team` is the job's team).
     #[serde(flatten)]
     pub spec: JobSpec,
+}
+
+/// A job's GPU utilisation over its run, every attempt and replica together: the means of
+/// its nodes' heartbeat readings of the devices it held.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobUtilization {
+    /// Mean SM utilisation, percent (`DCGM_FI_DEV_GPU_UTIL`, or for a MIG slice
+    /// `DCGM_FI_PROF_GR_ENGINE_ACTIVE` as a percentage), per replica reading.
+    pub sm_pct_mean: f64,
+    /// Mean GPU memory used by a replica, MiB (a shared GPU's whole figure).
+    pub memory_used_mib_mean: f64,
+    /// The most GPU memory a replica used, MiB.
+    pub memory_used_mib_max: u64,
+    /// How many replica readings the means are over.
+    pub samples: u64,
 }
 
 /// One entry of a job's history.

@@ -106,6 +106,7 @@ impl Server {
             .with_webhooks(config.webhooks.clone(), sender.clone())
             .with_object_store(&config.object_store.url)
             .with_secrets(secrets_key.clone())
+            .with_history(config.telemetry.history_samples)
             .with_shutdown(cancel.clone());
         let listener =
             tokio::net::TcpListener::bind(config.listen_addr().map_err(anyhow::Error::msg)?)
@@ -130,6 +131,13 @@ impl Server {
                 clock.clone(),
                 cancel.clone(),
                 Some(state.metrics().clone()),
+            ));
+        }
+        if !config.telemetry.history_interval.is_zero() {
+            tokio::spawn(sample_history(
+                state.clone(),
+                config.telemetry.history_interval,
+                cancel.clone(),
             ));
         }
         state.set_ready(true);
@@ -167,6 +175,21 @@ impl Server {
         tokio::select! {
             r = self.task => r.context("server task")?.context("serving HTTP"),
             () = drain => { tracing::warn!("requests still running 30 s after shutdown; exiting"); Ok(()) }
+        }
+    }
+}
+
+/// Takes a sample of the fleet for the live page's charts every `every`, until `cancel`.
+async fn sample_history(state: AppState, every: Duration, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = state.sample_history().await {
+            tracing::warn!(error = %e, "the live page's sample of the fleet could not be read");
         }
     }
 }

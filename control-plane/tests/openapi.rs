@@ -122,6 +122,12 @@ fn job() -> Job {
         lost_gpu_seconds: 0,
         failures: 0,
         not_before: Some(now),
+        utilization: Some(spotplane::model::JobUtilization {
+            sm_pct_mean: 71.5,
+            memory_used_mib_mean: 30_000.0,
+            memory_used_mib_max: 40_000,
+            samples: 42,
+        }),
         created_at: now,
         updated_at: now,
         finished_at: None,

@@ -159,6 +159,16 @@ pub struct GpuTelemetry {
     pub uuid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_uuid: Option<String>,
+    /// A MIG device's profile (`1g.10gb`), as dcgm-exporter's `GPU_I_PROFILE` label.
+    #[serde(
+        default,
+        rename = "GPU_I_PROFILE",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub mig_profile: Option<String>,
+    /// A MIG device's GPU instance id (the driver's), as dcgm-exporter's `GPU_I_ID` label.
+    #[serde(default, rename = "GPU_I_ID", skip_serializing_if = "Option::is_none")]
+    pub gpu_instance_id: Option<u32>,
     /// Percent of time a kernel ran over the last sample period.
     #[serde(
         default,
@@ -222,6 +232,14 @@ pub struct GpuTelemetry {
         skip_serializing_if = "Option::is_none"
     )]
     pub ecc_dbe_aggregate: Option<u64>,
+    /// Fraction (0 to 1) of time the graphics or compute engine was active: a DCGM profiling
+    /// field, which NVML does not give (a node running DCGM does); absent otherwise.
+    #[serde(
+        default,
+        rename = "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub gr_engine_active: Option<f64>,
 }
 
 impl GpuTelemetry {
@@ -246,6 +264,13 @@ impl GpuTelemetry {
             "DCGM_FI_DEV_FB_TOTAL",
             self.memory_total_mib.map(|v| v as f64),
         );
+        // dcgm-exporter's FB_FREE; NVML gives used and total.
+        push(
+            "DCGM_FI_DEV_FB_FREE",
+            self.memory_total_mib
+                .zip(self.memory_used_mib)
+                .map(|(t, u)| t.saturating_sub(u) as f64),
+        );
         push("DCGM_FI_DEV_GPU_TEMP", self.temperature_c.map(f64::from));
         push("DCGM_FI_DEV_POWER_USAGE", self.power_w);
         push(
@@ -260,6 +285,7 @@ impl GpuTelemetry {
             "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
             self.ecc_dbe_aggregate.map(|v| v as f64),
         );
+        push("DCGM_FI_PROF_GR_ENGINE_ACTIVE", self.gr_engine_active);
         out
     }
 }

@@ -39,6 +39,46 @@ pub enum GpuModel {
 pub struct UnknownGpuModel(pub String);
 
 impl GpuModel {
+    /// The product name NVML gives (`nvmlDeviceGetName`), which dcgm-exporter puts in its
+    /// `modelName` label; an agent's inventory carries the real one.
+    pub const fn product_name(self) -> &'static str {
+        match self {
+            GpuModel::A100_40GB => "NVIDIA A100-SXM4-40GB",
+            GpuModel::A100_80GB => "NVIDIA A100-SXM4-80GB",
+            GpuModel::H100_80GB => "NVIDIA H100 80GB HBM3",
+            GpuModel::H200_141GB => "NVIDIA H200",
+            GpuModel::B200_180GB => "NVIDIA B200",
+            GpuModel::L40S => "NVIDIA L40S",
+            GpuModel::L4 => "NVIDIA L4",
+            GpuModel::A10G => "NVIDIA A10G",
+            GpuModel::A10 => "NVIDIA A10",
+            GpuModel::T4 => "Tesla T4",
+            GpuModel::V100_16GB => "Tesla V100-SXM2-16GB",
+            GpuModel::V100_32GB => "Tesla V100-SXM2-32GB",
+            GpuModel::P100 => "Tesla P100-PCIE-16GB",
+            GpuModel::RtxPro6000 => "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+            GpuModel::OpenbG2 => "G2",
+            GpuModel::OpenbG3 => "G3",
+        }
+    }
+
+    /// The board's power limit in watts (its data sheet's TDP), for simulated readings.
+    pub const fn power_limit_w(self) -> u32 {
+        match self {
+            GpuModel::A100_40GB | GpuModel::A100_80GB | GpuModel::OpenbG2 => 400,
+            GpuModel::H100_80GB | GpuModel::H200_141GB => 700,
+            GpuModel::B200_180GB => 1000,
+            GpuModel::L40S => 350,
+            GpuModel::L4 => 72,
+            GpuModel::A10G | GpuModel::A10 => 150,
+            GpuModel::T4 => 70,
+            GpuModel::V100_16GB | GpuModel::V100_32GB => 300,
+            GpuModel::P100 => 250,
+            GpuModel::RtxPro6000 => 600,
+            GpuModel::OpenbG3 => 300,
+        }
+    }
+
     pub const ALL: [GpuModel; 16] = [
         GpuModel::A100_40GB,
         GpuModel::A100_80GB,

@@ -20,6 +20,7 @@ mod m20261203_000006_team_secrets;
 mod m20261203_000007_replica_logs;
 mod m20261204_000008_typed_wait_reasons;
 mod m20261206_000009_cloud_times;
+mod m20261207_000010_replica_utilisation;
 
 pub struct Migrator;
 
@@ -37,6 +38,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000007_replica_logs::Migration),
             Box::new(m20261204_000008_typed_wait_reasons::Migration),
             Box::new(m20261206_000009_cloud_times::Migration),
+            Box::new(m20261207_000010_replica_utilisation::Migration),
         ]
     }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use spotplane_core::Cloud;
+use tracing::Instrument;
 
 use crate::{
     CloudProvider, Instance, InterruptionEvent, Offer, PoolRef, PriceChange, ProviderError,
@@ -195,7 +196,8 @@ impl<P: CloudProvider> CloudProvider for RateLimited<P> {
 /// succeeded) and how long it took.
 pub type Observer = Arc<dyn Fn(Cloud, &'static str, Option<&'static str>, Duration) + Send + Sync>;
 
-/// Reports every call to an observer (the control plane feeds its Prometheus registry).
+/// Reports every call to an observer (the control plane feeds its Prometheus registry), each
+/// in a `provider_call` span (cloud, op; the node for a provision).
 pub struct Metered<P> {
     inner: P,
     observe: Observer,
@@ -229,19 +231,29 @@ impl<P: CloudProvider> CloudProvider for Metered<P> {
     }
     async fn list_offers(&self) -> Result<Vec<Offer>, ProviderError> {
         let t = Instant::now();
-        let r = self.inner.list_offers().await;
+        let r = self
+            .inner
+            .list_offers()
+            .instrument(
+                tracing::info_span!("provider_call", cloud = %self.cloud(), op = "list_offers"),
+            )
+            .await;
         self.report(self.cloud(), "list_offers", t, &r);
         r
     }
     async fn provision(&self, req: &ProvisionRequest) -> Result<Instance, ProviderError> {
         let t = Instant::now();
-        let r = self.inner.provision(req).await;
+        let r = self.inner.provision(req)
+            .instrument(tracing::info_span!("provider_call", cloud = %self.cloud(), op = "provision", node_id = %req.node_id))
+            .await;
         self.report(self.cloud(), "provision", t, &r);
         r
     }
     async fn terminate(&self, provider_id: &str) -> Result<(), ProviderError> {
         let t = Instant::now();
-        let r = self.inner.terminate(provider_id).await;
+        let r = self.inner.terminate(provider_id)
+            .instrument(tracing::info_span!("provider_call", cloud = %self.cloud(), op = "terminate", instance = %provider_id))
+            .await;
         self.report(self.cloud(), "terminate", t, &r);
         r
     }
@@ -250,13 +262,21 @@ impl<P: CloudProvider> CloudProvider for Metered<P> {
         tags: &BTreeMap<String, String>,
     ) -> Result<Vec<Instance>, ProviderError> {
         let t = Instant::now();
-        let r = self.inner.list_instances(tags).await;
+        let r = self
+            .inner
+            .list_instances(tags)
+            .instrument(
+                tracing::info_span!("provider_call", cloud = %self.cloud(), op = "list_instances"),
+            )
+            .await;
         self.report(self.cloud(), "list_instances", t, &r);
         r
     }
     async fn drain_interruptions(&self) -> Result<Vec<InterruptionEvent>, ProviderError> {
         let t = Instant::now();
-        let r = self.inner.drain_interruptions().await;
+        let r = self.inner.drain_interruptions()
+            .instrument(tracing::info_span!("provider_call", cloud = %self.cloud(), op = "drain_interruptions"))
+            .await;
         self.report(self.cloud(), "drain_interruptions", t, &r);
         r
     }
@@ -267,7 +287,13 @@ impl<P: CloudProvider> CloudProvider for Metered<P> {
         to: DateTime<Utc>,
     ) -> Result<Option<Vec<PriceChange>>, ProviderError> {
         let t = Instant::now();
-        let r = self.inner.price_history(pool, from, to).await;
+        let r = self
+            .inner
+            .price_history(pool, from, to)
+            .instrument(
+                tracing::info_span!("provider_call", cloud = %self.cloud(), op = "price_history"),
+            )
+            .await;
         self.report(self.cloud(), "price_history", t, &r);
         r
     }

@@ -146,11 +146,14 @@ pub async fn build(
     Ok(Providers { all, sims })
 }
 
+/// Every provider is metered: its calls are traced (`provider_call` spans) and, with an
+/// observer, measured.
 fn metered<P: CloudProvider + 'static>(p: P, ctx: &BuildContext) -> Arc<dyn CloudProvider> {
-    match &ctx.observer {
-        Some(o) => Arc::new(Metered::new(p, Arc::clone(o))),
-        None => Arc::new(p),
-    }
+    let observe: Observer = match &ctx.observer {
+        Some(o) => Arc::clone(o),
+        None => Arc::new(|_, _, _, _| {}),
+    };
+    Arc::new(Metered::new(p, observe))
 }
 
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]

@@ -65,6 +65,47 @@ fn count_colour(png_path: &Path, rgb: [u8; 3]) -> usize {
         .count()
 }
 
+/// `GET /v1/overview` with the token.
+async fn overview(http: &reqwest::Client, url: &str, token: &str) -> Value {
+    http.get(format!("{url}/v1/overview"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("overview")
+        .json()
+        .await
+        .expect("json")
+}
+
+/// The markup of the page's chart for `series`, from its root element (`class="chart"` and
+/// `data-series`) to the next chart's.
+fn chart<'a>(dom: &'a str, series: &str) -> Option<&'a str> {
+    let at = dom.find(&format!("data-series=\"{series}\""))?;
+    let open = dom[..at].rfind('<')?;
+    let tag_end = at + dom[at..].find('>')?;
+    if !dom[open..tag_end].contains("class=\"chart\"") {
+        return None;
+    }
+    let rest = &dom[tag_end..];
+    Some(&dom[open..tag_end + rest.find("data-series=\"").unwrap_or(rest.len())])
+}
+
+/// The number of points of each `class="series"` polyline in `markup`.
+fn series_points(markup: &str) -> Vec<usize> {
+    markup
+        .split("<polyline")
+        .skip(1)
+        .filter_map(|rest| {
+            let tag = &rest[..rest.find('>')?];
+            if !tag.contains("class=\"series\"") {
+                return None;
+            }
+            let points = tag.split("points=\"").nth(1)?;
+            Some(points[..points.find('"')?].split_whitespace().count())
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_live_page_draws_nodes_slices_and_jobs_in_headless_chromium() {
     let Some(browser) = chromium() else { return };
@@ -92,21 +133,29 @@ async fn the_live_page_draws_nodes_slices_and_jobs_in_headless_chromium() {
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let o: Value = http
-            .get(format!("{url}/v1/overview"))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .expect("overview")
-            .json()
-            .await
-            .expect("json");
+        let o = overview(&http, &url, &token).await;
         if o["replicas"].as_array().is_some_and(|r| r.len() >= 2) {
             break;
         }
         assert!(
             Instant::now() < deadline,
             "no replicas placed in 120 s: {o}\n{}",
+            demo.output()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // And for the charts over time to have a few samples (the demo takes one every 5 simulated
+    // minutes).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let o = overview(&http, &url, &token).await;
+        if o["history"].as_array().is_some_and(|h| h.len() >= 3) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the overview's history has fewer than 3 samples after 60 s: {}\n{}",
+            o["history"],
             demo.output()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -150,6 +199,31 @@ async fn the_live_page_draws_nodes_slices_and_jobs_in_headless_chromium() {
             || dom.contains("class=\"share\"")
     );
     assert!(dom.contains("state-running"), "running jobs listed");
+    // Four charts over time; the spend chart draws spend and its on-demand equivalent as lines.
+    for series in ["spend", "queue", "allocation", "utilisation"] {
+        assert!(
+            chart(&dom, series).is_some(),
+            "a chart with class=\"chart\" and data-series=\"{series}\": {}",
+            &dom[..dom.len().min(3000)]
+        );
+    }
+    let spend = chart(&dom, "spend").expect("the spend chart");
+    assert!(
+        series_points(spend).iter().filter(|&&n| n >= 2).count() >= 2,
+        "spend and on-demand lines of 2 points or more: {spend}"
+    );
+    // The jobs table has an SM utilisation column, a cell in every row.
+    assert!(dom.contains("<th>SM util</th>"), "an SM util column");
+    let jobs = dom
+        .split("<tbody id=\"jobs\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</tbody>").next())
+        .unwrap_or_default();
+    let rows = jobs.matches("<tr").count();
+    assert!(
+        rows >= 1 && jobs.matches("<td class=\"util\"").count() == rows,
+        "an SM util cell per job: {jobs}"
+    );
 
     let shot = dir.path().join("page.png");
     let out = headless(
@@ -175,6 +249,10 @@ async fn the_live_page_draws_nodes_slices_and_jobs_in_headless_chromium() {
         whole + mig + share >= 200,
         "slice diagram pixels: whole {whole}, MIG {mig}, shares {share}"
     );
+    // The spend line (#f0883e) across the spend chart: some hundreds of pixels; its legend key
+    // alone is about 26.
+    let spend = count_colour(&shot, [0xf0, 0x88, 0x3e]);
+    assert!(spend >= 100, "spend line pixels: {spend}");
     if let Some(keep) = std::env::var_os("SPOTPLANE_KEEP_SCREENSHOT") {
         let _ = std::fs::copy(&shot, keep);
     }

@@ -68,8 +68,11 @@ pub fn routes() -> Router<AppState> {
 }
 
 fn own_node(p: &Principal) -> Result<NodeId, ApiError> {
-    p.node_id
-        .ok_or_else(|| ApiError::Forbidden("this agent token is bound to no node".into()))
+    let node = p
+        .node_id
+        .ok_or_else(|| ApiError::Forbidden("this agent token is bound to no node".into()))?;
+    super::trace_ids(None, Some(node), None);
+    Ok(node)
 }
 
 fn check_node(own: NodeId, named: NodeId) -> Result<(), ApiError> {
@@ -326,6 +329,7 @@ pub async fn report_checkpoint(
 ) -> Result<Json<CheckpointRecord>, ApiError> {
     let own = own_node(auth.require(&[Role::Agent])?)?;
     let report: CheckpointReport = body.parse()?;
+    super::trace_ids(Some(report.job_id), None, Some(report.attempt));
     validate_report(&report).into_result()?;
     let rec = state
         .store()
@@ -337,8 +341,11 @@ pub async fn report_checkpoint(
 }
 
 fn parse_node_id(id: &str) -> Result<NodeId, ApiError> {
-    id.parse()
-        .map_err(|_| ApiError::NotFound(format!("no node {id}")))
+    let node = id
+        .parse()
+        .map_err(|_| ApiError::NotFound(format!("no node {id}")))?;
+    super::trace_ids(None, Some(node), None);
+    Ok(node)
 }
 
 /// How long a bootstrap token lives.

@@ -56,6 +56,7 @@ pub async fn metrics(
                 tracing::warn!(error = %e, "metrics: the fleet could not be read from the store");
             })
             .ok()
+            .map(|(registry, _)| registry)
     } else {
         None
     };
@@ -68,11 +69,19 @@ pub async fn metrics(
     ))
 }
 
-/// The fleet, queue and money gauges, from what the store says now.
-async fn fleet_registry(
+/// The fleet, queue and money gauges, from what the store says now, and the figures the
+/// live page charts.
+pub(crate) async fn fleet_registry(
     state: &AppState,
-) -> Result<prometheus_client::registry::Registry, crate::store::StoreError> {
+) -> Result<
+    (
+        prometheus_client::registry::Registry,
+        crate::metrics::fleet::FleetSummary,
+    ),
+    crate::store::StoreError,
+> {
     let store = state.store();
+    let now = state.now();
     let live: Vec<spotplane_core::NodeState> = spotplane_core::NodeState::ALL
         .into_iter()
         .filter(|s| !s.is_terminal())
@@ -83,11 +92,28 @@ async fn fleet_registry(
         store.scheduler_snapshot(&mut cache).await?
     };
     let reasons = store.queued_reasons().await?;
+    let view = store.metrics_view().await?;
+    let spent = store
+        .team_spend_since(crate::finance::month_start(now))
+        .await?;
+    let budgets: Vec<crate::metrics::fleet::BudgetUse> = store
+        .team_budgets()
+        .await?
+        .into_iter()
+        .map(|b| crate::metrics::fleet::BudgetUse {
+            used: spent.get(&b.team_id).copied().unwrap_or_default(),
+            team: b.team.to_string(),
+            monthly: b.monthly,
+        })
+        .collect();
     Ok(crate::metrics::fleet::fleet_registry(
         &crate::metrics::fleet::FleetState {
+            now,
             nodes: &nodes,
             snapshot: &snapshot,
             reasons: &reasons,
+            view: &view,
+            budgets: &budgets,
         },
     ))
 }

@@ -33,8 +33,11 @@ fn scope(p: &Principal) -> Option<&str> {
 }
 
 fn parse_job_id(id: &str) -> Result<JobId, ApiError> {
-    id.parse()
-        .map_err(|_| ApiError::NotFound(format!("no job {id}")))
+    let job = id
+        .parse()
+        .map_err(|_| ApiError::NotFound(format!("no job {id}")))?;
+    super::trace_ids(Some(job), None, None);
+    Ok(job)
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -119,6 +122,7 @@ pub async fn submit_job(
         spec,
         idempotency,
     };
+    super::trace_ids(Some(new.id), None, None);
     match state.store().submit_job(new, now).await? {
         SubmitOutcome::Created(job) => {
             let location = format!("/v1/jobs/{}", job.id);

@@ -80,6 +80,8 @@ struct Inner {
     shutdown: CancellationToken,
     /// Parsed job specs for the scheduler snapshot `/metrics` reads at each scrape.
     spec_cache: tokio::sync::Mutex<crate::store::SpecCache>,
+    /// The live page's chart samples.
+    history: crate::metrics::history::History,
 }
 
 impl AppState {
@@ -107,14 +109,35 @@ impl AppState {
                 log_hub: logs::LogHub::default(),
                 shutdown: CancellationToken::new(),
                 spec_cache: tokio::sync::Mutex::default(),
+                history: crate::metrics::history::History::default(),
             }),
         }
+    }
+
+    /// The live page's chart samples.
+    pub fn history(&self) -> &crate::metrics::history::History {
+        &self.inner.history
+    }
+
+    /// Takes a chart sample now (what a scrape of `/metrics` would compute).
+    pub async fn sample_history(&self) -> Result<(), crate::store::StoreError> {
+        let (_, summary) = health::fleet_registry(self).await?;
+        self.inner.history.push(self.now(), &summary);
+        Ok(())
     }
 
     /// Sets the finance settings (before the state is shared).
     pub fn with_finance(mut self, finance: FinanceSettings) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.finance = finance;
+        }
+        self
+    }
+
+    /// Keeps `samples` chart samples (before the state is shared).
+    pub fn with_history(mut self, samples: usize) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.history = crate::metrics::history::History::new(samples);
         }
         self
     }
@@ -338,8 +361,44 @@ pub fn router(state: AppState) -> Router {
             StatusCode::SERVICE_UNAVAILABLE,
             request_timeout,
         ))
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .with_state(state)
+}
+
+/// Each request's span: its method and route (the pattern, never the path or query), and the
+/// job, node and attempt it turns out to concern (see [`trace_ids`]).
+fn request_span<B>(req: &axum::http::Request<B>) -> tracing::Span {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("", MatchedPath::as_str);
+    tracing::info_span!(
+        "request",
+        method = %req.method(),
+        route,
+        job_id = tracing::field::Empty,
+        node_id = tracing::field::Empty,
+        attempt = tracing::field::Empty,
+    )
+}
+
+/// Records on the request's span the job, node and attempt it concerns, once a handler knows
+/// them, so the request's span and the store calls under it can be found by job or node.
+pub(crate) fn trace_ids(
+    job: Option<spotplane_core::JobId>,
+    node: Option<spotplane_core::NodeId>,
+    attempt: Option<u32>,
+) {
+    let span = tracing::Span::current();
+    if let Some(j) = job {
+        span.record("job_id", tracing::field::display(j));
+    }
+    if let Some(n) = node {
+        span.record("node_id", tracing::field::display(n));
+    }
+    if let Some(a) = attempt {
+        span.record("attempt", a);
+    }
 }
 
 async fn not_found() -> ApiError {

@@ -13,7 +13,7 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder, content::Cont
 
 use super::problem::{PROBLEM_JSON, Problem};
 use super::{agent, cluster, finance, jobs, logs, overview, secrets, teams, tokens, webhooks};
-use crate::model::{Gpu, Job, JobEvent, Node, Offer, Role, Team, Token};
+use crate::model::{Gpu, Job, JobEvent, JobUtilization, Node, Offer, Role, Team, Token};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -36,7 +36,7 @@ Authenticate with `Authorization: Bearer <token>`. Errors are `application/probl
         secrets::put_secret, secrets::list_secrets, secrets::delete_secret, secrets::agent_job_secrets,
         logs::job_logs, logs::post_logs,
     ),
-    components(schemas(Problem, Team, Token, Role, Job, JobEvent, Node, Gpu, Offer,
+    components(schemas(Problem, Team, Token, Role, Job, JobEvent, JobUtilization, Node, Gpu, Offer,
         overview::Overview, overview::EventLine, crate::store::PlacedReplica, crate::store::JobLine,
         crate::finance::held::HeldSpend, crate::recovery::ResumePoint,
         crate::finance::summary::Summary, crate::finance::summary::SummaryRow,

@@ -48,6 +48,8 @@ pub struct Overview {
     pub events: Vec<EventLine>,
     /// Spend by node time held, against on-demand prices of the same capacity.
     pub spend: HeldSpend,
+    /// This replica's samples of the fleet over time, oldest first (the charts).
+    pub history: Vec<crate::metrics::history::Sample>,
 }
 
 #[utoipa::path(get, path = "/v1/overview", tag = "cluster",
@@ -95,6 +97,7 @@ pub async fn overview(
         jobs,
         events,
         spend,
+        history: state.history().samples(),
     }))
 }
 

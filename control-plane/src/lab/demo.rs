@@ -103,6 +103,8 @@ pub async fn run(
     serving.recovery.enabled = false;
     serving.capacity.enabled = false;
     serving.providers.clear();
+    // The world samples the fleet for the charts on its own clock (see `run_world`).
+    serving.telemetry.history_interval = std::time::Duration::ZERO;
     let server = Server::start(
         &serving,
         std::sync::Arc::new(clock.clone()),
@@ -153,7 +155,14 @@ pub async fn run(
     if let Some(t) = resume_at {
         world.resume_at(t);
     }
-    tokio::spawn(run_world(world, spec.step, args.speed, clock_file, cancel));
+    tokio::spawn(run_world(
+        world,
+        server.state.clone(),
+        spec.step,
+        args.speed,
+        clock_file,
+        cancel,
+    ));
     server.wait().await
 }
 
@@ -304,11 +313,15 @@ async fn run_day(config: Config, args: DemoArgs, hours: f64) -> anyhow::Result<(
     Ok(())
 }
 
+/// How often the live demo samples the fleet for the page's charts, in simulated time.
+const SAMPLE_EVERY: chrono::Duration = chrono::Duration::minutes(5);
+
 /// The live demo's world: stepped at `speed` simulated seconds per real second (or as fast as
 /// the machine allows), its simulated time kept in `<data_dir>/demo-clock` so a restart goes on
 /// from there.
 async fn run_world(
     mut world: World,
+    state: crate::api::AppState,
     step: chrono::Duration,
     speed: f64,
     clock_file: PathBuf,
@@ -316,6 +329,7 @@ async fn run_world(
 ) {
     let started = tokio::time::Instant::now();
     let mut steps: u64 = 0;
+    let mut sampled: Option<chrono::DateTime<chrono::Utc>> = None;
     let per_step = std::time::Duration::from_secs_f64(
         (step.num_milliseconds() as f64 / 1000.0 / speed.max(1e-3)).max(0.0),
     );
@@ -324,6 +338,13 @@ async fn run_world(
             tracing::warn!(error = %e, "demo step failed; going on");
         }
         steps += 1;
+        // The live page's charts: a sample every 5 simulated minutes.
+        if sampled.is_none_or(|t| world.now() - t >= SAMPLE_EVERY) {
+            sampled = Some(world.now());
+            if let Err(e) = state.sample_history().await {
+                tracing::warn!(error = %e, "the demo's sample of the fleet failed; going on");
+            }
+        }
         if steps.is_multiple_of(20) {
             let _ = std::fs::write(&clock_file, world.now().to_rfc3339());
         }

@@ -18,8 +18,8 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use spotplane_core::agent::{
     AppliedMigLayout, CheckpointManifest, CheckpointOutcome, CheckpointReport, CheckpointTrigger,
-    Command, CommandKind, CommandResult, ContainerEngineInfo, Heartbeat, NoticeAction,
-    NoticeSource, PROTOCOL_VERSION, RegisterRequest, ReplicaPhase, ReplicaStatus,
+    Command, CommandKind, CommandResult, ContainerEngineInfo, GpuTelemetry, Heartbeat,
+    NoticeAction, NoticeSource, PROTOCOL_VERSION, RegisterRequest, ReplicaPhase, ReplicaStatus,
     TerminationNotice,
 };
 use spotplane_core::shape::GpuShape;
@@ -51,6 +51,10 @@ struct SimState {
 #[derive(Debug)]
 struct Replica {
     attempt: u32,
+    /// The GPU indices it runs on (a MIG slice's or a share's parent GPU).
+    devices: Vec<u32>,
+    /// Its MIG profile, for a MIG slice.
+    mig: Option<String>,
     /// GPUs it holds: whole GPUs, or the share of one (a MIG slice's compute, a `gpu_milli`).
     gpus: f64,
     phase: ReplicaPhase,
@@ -128,6 +132,8 @@ struct InFlight {
 struct Agent {
     cloud: Cloud,
     instance: String,
+    /// The node's GPUs as the store has them (MIG layouts follow re-layouts).
+    gpus: Vec<crate::model::Gpu>,
     replicas: BTreeMap<(JobId, u32), Replica>,
     notice: Option<TerminationNotice>,
     results: Vec<CommandResult>,
@@ -224,6 +230,9 @@ impl SimAgents {
             if !self.agents.contains_key(&n.id) {
                 self.register(n.id, n.cloud, pid.clone(), now).await?;
             }
+            if let Some(a) = self.agents.get_mut(&n.id) {
+                a.gpus.clone_from(&n.gpus);
+            }
         }
         for id in last_words {
             self.advance(id, now, dt).await?;
@@ -307,6 +316,7 @@ impl SimAgents {
             Agent {
                 cloud,
                 instance,
+                gpus: Vec::new(),
                 replicas: BTreeMap::new(),
                 notice: None,
                 results: Vec::new(),
@@ -457,7 +467,7 @@ impl SimAgents {
         let hb = Heartbeat {
             node_id: node,
             sent_at: now,
-            gpus: vec![],
+            gpus: sim_telemetry(node, a, now),
             replicas: a
                 .replicas
                 .iter()
@@ -484,7 +494,7 @@ impl SimAgents {
 
     async fn carry_out(&mut self, node: NodeId, c: Command, now: DateTime<Utc>) {
         // What a started replica's workload is: the job's work, and how much GPU it holds.
-        let (work, weight) = match &c.kind {
+        let (work, weight, mig) = match &c.kind {
             CommandKind::Start {
                 job_id, devices, ..
             } => {
@@ -494,9 +504,9 @@ impl SimAgents {
                     .get(job_id)
                     .copied()
                     .or_else(|| spec.as_ref().and_then(|s| s.work_hours));
-                let weight = match spec.map(|s| s.shape) {
-                    Some(GpuShape::Whole { gpus, .. }) => f64::from(gpus),
-                    Some(GpuShape::Shared { gpu_milli, .. }) => f64::from(gpu_milli) / 1000.0,
+                let weight = match spec.as_ref().map(|s| &s.shape) {
+                    Some(GpuShape::Whole { gpus, .. }) => f64::from(*gpus),
+                    Some(GpuShape::Shared { gpu_milli, .. }) => f64::from(*gpu_milli) / 1000.0,
                     // The compute share of the slice: 7 compute slices make a GPU.
                     Some(GpuShape::Mig { profile, .. }) => {
                         let slices = profile
@@ -508,9 +518,13 @@ impl SimAgents {
                     }
                     None => devices.len() as f64,
                 };
-                (work, weight)
+                let mig = match spec.as_ref().map(|s| &s.shape) {
+                    Some(GpuShape::Mig { profile, .. }) => Some(profile.to_string()),
+                    _ => None,
+                };
+                (work, weight, mig)
             }
-            _ => (None, 0.0),
+            _ => (None, 0.0, None),
         };
         let checkpoint_time = self.checkpoint_time;
         let Some(a) = self.agents.get_mut(&node) else {
@@ -532,6 +546,7 @@ impl SimAgents {
                 resume_from,
                 command,
                 image,
+                devices,
                 ..
             } => {
                 let restored = resume_from.as_deref().and_then(read_progress);
@@ -541,6 +556,10 @@ impl SimAgents {
                 } else {
                     let mut r = Replica {
                         attempt,
+                        // A MIG slice's device is its UUID once the agent's inventory names
+                        // it; the simulated inventory does not, so it is the GPU's index.
+                        devices: devices.iter().filter_map(|d| d.parse().ok()).collect(),
+                        mig: mig.clone(),
                         gpus: weight,
                         phase: ReplicaPhase::Running,
                         exit_code: None,
@@ -730,4 +749,135 @@ fn read_progress(manifest_uri: &str) -> Option<f64> {
     }
     let s: SimState = serde_json::from_slice(&data).ok()?;
     Some(s.progress_hours)
+}
+
+/// A stable number in [0, 1) from a job id and a salt: how hard a simulated workload drives
+/// its GPUs, the same for the whole run.
+fn unit(job: JobId, salt: u64) -> f64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    job.hash(&mut h);
+    salt.hash(&mut h);
+    (h.finish() % 10_000) as f64 / 10_000.0
+}
+
+/// What NVML (and DCGM, for the profiling field) would read on a simulated node: each GPU's
+/// utilisation is the share of it running replicas hold, times how hard each job drives it
+/// (a job's own figure, 35 % to 95 %, with a few points of jitter over time), so a team's
+/// under-used jobs show as such. Memory, temperature and power follow. A MIG instance gets a
+/// row of its own with its profile and GPU-instance id and no `DCGM_FI_DEV_GPU_UTIL` (NVML
+/// does not give it for MIG devices), as on real hardware.
+fn sim_telemetry(node: NodeId, a: &Agent, now: DateTime<Utc>) -> Vec<GpuTelemetry> {
+    let minute = u64::try_from(now.timestamp() / 60).unwrap_or(0);
+    // Per GPU index: (share held, share-weighted drive, memory fraction); per MIG replica.
+    let mut load: BTreeMap<u32, (f64, f64, f64)> = BTreeMap::new();
+    let mut mig_busy: BTreeMap<(u32, String), Vec<(f64, f64)>> = BTreeMap::new();
+    for ((job, _), r) in &a.replicas {
+        if !matches!(r.phase, ReplicaPhase::Running | ReplicaPhase::Checkpointing) {
+            continue;
+        }
+        let jitter = (unit(*job, minute) - 0.5) * 0.08;
+        let drive = (0.35 + 0.6 * unit(*job, 0) + jitter).clamp(0.0, 1.0);
+        let memory = 0.3 + 0.6 * unit(*job, 1);
+        if let Some(profile) = &r.mig {
+            for d in &r.devices {
+                mig_busy
+                    .entry((*d, profile.clone()))
+                    .or_default()
+                    .push((drive, memory));
+            }
+            continue;
+        }
+        let per = if r.devices.is_empty() {
+            0.0
+        } else {
+            (r.gpus / r.devices.len() as f64).min(1.0)
+        };
+        for d in &r.devices {
+            let e = load.entry(*d).or_default();
+            e.0 += per;
+            e.1 += per * drive;
+            e.2 += per * memory;
+        }
+    }
+    let mut out = Vec::new();
+    for g in &a.gpus {
+        let uuid = format!("GPU-{}", new_uuid_from(node, g.index));
+        let (held, driven, mem) = load.get(&g.index).copied().unwrap_or_default();
+        let util = if g.mig_enabled {
+            // The parent of MIG devices: its busy instances' compute share.
+            let mut busy = 0.0;
+            for inst in g.mig_layout.instances() {
+                let name = spotplane_core::mig::profile_name(g.model, inst.class).unwrap_or("");
+                if let Some(v) = mig_busy.get(&(g.index, name.to_owned()))
+                    && let Some((drive, _)) = v.get(mig_rank(g, inst))
+                {
+                    busy += drive * f64::from(inst.class.compute_slices()) / 7.0;
+                }
+            }
+            busy
+        } else {
+            driven.min(1.0)
+        };
+        let total = g.memory_mib;
+        let used = if held > 0.0 {
+            (total as f64 * mem.min(0.95)) as u64
+        } else {
+            0
+        };
+        let limit = f64::from(g.model.power_limit_w());
+        out.push(GpuTelemetry {
+            index: g.index,
+            uuid: Some(uuid.clone()),
+            utilization_pct: (!g.mig_enabled).then(|| (util * 100.0).round() as u8),
+            memory_utilization_pct: (!g.mig_enabled).then(|| (util * 60.0).round() as u8),
+            memory_used_mib: Some(used),
+            memory_total_mib: Some(total),
+            temperature_c: Some((31.0 + 45.0 * util).round() as i16),
+            power_w: Some(((0.12 + 0.83 * util) * limit * 10.0).round() / 10.0),
+            gr_engine_active: Some((util * 0.92 * 1000.0).round() / 1000.0),
+            ..GpuTelemetry::default()
+        });
+        for inst in g.mig_layout.instances() {
+            let name = spotplane_core::mig::profile_name(g.model, inst.class).unwrap_or("");
+            let (drive, mem) = mig_busy
+                .get(&(g.index, name.to_owned()))
+                .and_then(|v| v.get(mig_rank(g, inst)).copied())
+                .unwrap_or_default();
+            let total =
+                spotplane_core::mig::usable_memory_mib(g.model, inst.class).map_or(0, u64::from);
+            out.push(GpuTelemetry {
+                index: g.index,
+                uuid: Some(uuid.clone()),
+                mig_uuid: Some(format!(
+                    "MIG-{}",
+                    new_uuid_from(node, g.index * 100 + u32::from(inst.start) + 1)
+                )),
+                mig_profile: Some(name.to_owned()),
+                // The driver numbers GPU instances; the simulation numbers them by placement.
+                gpu_instance_id: Some(u32::from(inst.start) + 1),
+                memory_used_mib: Some((total as f64 * mem.min(0.95)) as u64),
+                memory_total_mib: Some(total),
+                gr_engine_active: Some((drive * 0.92 * 1000.0).round() / 1000.0),
+                ..GpuTelemetry::default()
+            });
+        }
+    }
+    out
+}
+
+/// Which of a GPU's instances of `inst`'s profile it is, in placement order (the simulated
+/// agent hands its MIG replicas the instances of their profile in that order).
+fn mig_rank(g: &crate::model::Gpu, inst: &spotplane_core::MigInstance) -> usize {
+    g.mig_layout
+        .instances()
+        .iter()
+        .filter(|i| i.class == inst.class && i.start < inst.start)
+        .count()
+}
+
+/// A stable UUID for a simulated device of `node`.
+fn new_uuid_from(node: NodeId, n: u32) -> uuid::Uuid {
+    let base = node.as_uuid().as_u128();
+    uuid::Uuid::from_u128(base ^ (u128::from(n) << 64) ^ u128::from(n))
 }

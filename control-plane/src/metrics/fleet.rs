@@ -10,15 +10,22 @@
 //! id.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
 
+use chrono::{DateTime, Utc};
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use spotplane_core::{JobId, NodeId, NodeState};
+use spotplane_core::{JobId, Micros, NodeId, NodeState};
 
+use super::dcgm;
 use crate::model::Node;
-use crate::scheduler::snapshot::{Assigned, Snapshot, WaitReason};
+use crate::scheduler::snapshot::{Assigned, GpuSnap, Snapshot, WaitReason};
+use crate::store::MetricsView;
+
+type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabels {
@@ -50,15 +57,60 @@ pub struct QueueLabels {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MigLabels {
+    pub cloud: &'static str,
+    pub model: String,
+    pub profile: String,
+    /// `allocated` or `idle`.
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TeamLabels {
+    pub team: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabels {
+    pub team: String,
+    /// A GPU model (amounts in GPUs) or a MIG profile (amounts in instances).
+    pub flavour: String,
+}
+
+/// A team's monthly budget and what it has spent this month.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetUse {
+    pub team: String,
+    pub monthly: Micros,
+    pub used: Micros,
+}
+
+/// The figures the live page charts over time, from the same scrape.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, utoipa::ToSchema)]
+pub struct FleetSummary {
+    pub spend_usd_per_hour: f64,
+    pub on_demand_usd_per_hour: f64,
+    pub queued: u64,
+    pub gpu_allocation_ratio: f64,
+    /// Mean SM utilisation of the devices jobs hold, percent; none without readings.
+    pub sm_utilization_pct: Option<f64>,
+}
+
 /// What the store said, for one scrape.
 #[derive(Debug)]
 pub struct FleetState<'a> {
+    pub now: DateTime<Utc>,
     /// Live nodes (every state but `terminated`).
     pub nodes: &'a [Node],
     /// The scheduler's snapshot: schedulable capacity, the jobs holding it, the queue.
     pub snapshot: &'a Snapshot,
     /// Each queued job's wait reason.
     pub reasons: &'a HashMap<JobId, Option<WaitReason>>,
+    /// The rest: queue times, lost work, backlogs, GPU telemetry.
+    pub view: &'a MetricsView,
+    /// Teams with a budget.
+    pub budgets: &'a [BudgetUse],
 }
 
 /// Node states whose instance exists and is billed.
@@ -74,9 +126,17 @@ fn usd(micros: i64) -> f64 {
     micros as f64 / 1e6
 }
 
-/// The gauges of `state`, in a registry of their own (prefix `spotplane`).
-pub fn fleet_registry(state: &FleetState<'_>) -> Registry {
-    let mut registry = Registry::with_prefix("spotplane");
+/// The gauges of `state`, in a registry of their own: spotplane's under the `spotplane`
+/// prefix, the GPU telemetry under dcgm-exporter's names. Also the figures the live page
+/// charts.
+pub fn fleet_registry(state: &FleetState<'_>) -> (Registry, FleetSummary) {
+    let mut top = Registry::default();
+    let summary = gpu_telemetry(&mut top, state);
+    let registry = top.sub_registry_with_prefix("spotplane");
+    let mut summary = FleetSummary {
+        sm_utilization_pct: summary,
+        ..FleetSummary::default()
+    };
 
     let nodes = Family::<NodeLabels, Gauge>::default();
     for n in state.nodes {
@@ -108,6 +168,8 @@ pub fn fleet_registry(state: &FleetState<'_>) -> Registry {
     let on_demand = Family::<MarketLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let saving = Family::<MarketLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     for ((cloud, market), (price, od)) in spend {
+        summary.spend_usd_per_hour += usd(price);
+        summary.on_demand_usd_per_hour += usd(od);
         let l = MarketLabels { cloud, market };
         rate.get_or_create(&l).set(usd(price));
         on_demand.get_or_create(&l).set(usd(od));
@@ -168,6 +230,7 @@ pub fn fleet_registry(state: &FleetState<'_>) -> Registry {
     let ratio = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
     if total > 0 {
         ratio.set(allocated as f64 / total as f64);
+        summary.gpu_allocation_ratio = allocated as f64 / total as f64;
     }
     registry.register(
         "gpu_allocation_ratio",
@@ -175,7 +238,10 @@ pub fn fleet_registry(state: &FleetState<'_>) -> Registry {
         ratio,
     );
 
+    mig_instances(registry, state, &held_mig(state));
+
     let queue = Family::<QueueLabels, Gauge>::default();
+    let oldest = Family::<QueueLabels, FloatGauge>::default();
     for q in &state.snapshot.queued {
         let reason = state
             .reasons
@@ -183,20 +249,308 @@ pub fn fleet_registry(state: &FleetState<'_>) -> Registry {
             .copied()
             .flatten()
             .map_or("none", WaitReason::code);
-        queue
-            .get_or_create(&QueueLabels {
-                team: q.team.to_string(),
-                priority: q.priority,
-                reason,
-            })
-            .inc();
+        let labels = QueueLabels {
+            team: q.team.to_string(),
+            priority: q.priority,
+            reason,
+        };
+        queue.get_or_create(&labels).inc();
+        let waited = state.view.queued_since.get(&q.id).map_or(0.0, |t| {
+            (state.now - *t).num_milliseconds().max(0) as f64 / 1000.0
+        });
+        let g = oldest.get_or_create(&labels);
+        if waited > g.get() {
+            g.set(waited);
+        }
+        summary.queued += 1;
     }
     registry.register(
         "queued_jobs",
         "Jobs waiting to be placed, by team, priority and wait reason",
         queue,
     );
-    registry
+    registry.register(
+        "queue_oldest_wait_seconds",
+        "How long the longest-waiting queued job has waited since it last entered the queue",
+        oldest,
+    );
+    teams(registry, state);
+    plumbing(registry, state);
+    (top, summary)
+}
+
+/// The MIG instances held, by node, GPU and placement start.
+fn held_mig(state: &FleetState<'_>) -> HashSet<(NodeId, u32, u8)> {
+    let mut held = HashSet::new();
+    for r in &state.snapshot.running {
+        for p in &r.placements {
+            if let Assigned::Mig { gpu, instance } = &p.assigned {
+                held.insert((p.node, *gpu, instance.start));
+            }
+        }
+    }
+    held
+}
+
+fn mig_instances(
+    registry: &mut Registry,
+    state: &FleetState<'_>,
+    held: &HashSet<(NodeId, u32, u8)>,
+) {
+    let family = Family::<MigLabels, Gauge>::default();
+    for n in &state.snapshot.nodes {
+        let Some(model) = n.gpu_model else {
+            continue;
+        };
+        for (i, g) in n.gpus.iter().enumerate() {
+            let GpuSnap::Mig(layout) = g else {
+                continue;
+            };
+            let gpu = u32::try_from(i).unwrap_or(u32::MAX);
+            for inst in layout.instances() {
+                let profile = spotplane_core::mig::profile_name(model, inst.class)
+                    .map_or_else(|| format!("{:?}", inst.class), str::to_owned);
+                let taken = held.contains(&(n.id, gpu, inst.start));
+                family
+                    .get_or_create(&MigLabels {
+                        cloud: n.cloud.as_str(),
+                        model: model.to_string(),
+                        profile,
+                        state: if taken { "allocated" } else { "idle" },
+                    })
+                    .inc();
+            }
+        }
+    }
+    registry.register(
+        "mig_instances",
+        "MIG instances of ready nodes by cloud, model, profile and whether a replica holds them",
+        family,
+    );
+}
+
+/// Each team's dominant share and quotas, its budget, the work it lost.
+fn teams(registry: &mut Registry, state: &FleetState<'_>) {
+    let share = Family::<TeamLabels, FloatGauge>::default();
+    let nominal = Family::<QuotaLabels, FloatGauge>::default();
+    let used = Family::<QuotaLabels, FloatGauge>::default();
+    let borrowed = Family::<QuotaLabels, FloatGauge>::default();
+    for t in crate::scheduler::team_standing(state.snapshot) {
+        let team = t.team.to_string();
+        share
+            .get_or_create(&TeamLabels { team: team.clone() })
+            .set(t.dominant_share);
+        for (flavour, n, u, b) in t.quotas {
+            let l = QuotaLabels {
+                team: team.clone(),
+                flavour,
+            };
+            nominal.get_or_create(&l).set(n);
+            used.get_or_create(&l).set(u);
+            borrowed.get_or_create(&l).set(b);
+        }
+    }
+    registry.register(
+        "team_dominant_share",
+        "Each team's weighted dominant share (its largest share of any GPU model or of the CPU, over its weight): the fair-share order, smallest first",
+        share,
+    );
+    registry.register(
+        "team_quota_nominal",
+        "Each team's nominal quota per flavour (GPUs of a model, or instances of a MIG profile)",
+        nominal,
+    );
+    registry.register(
+        "team_quota_used",
+        "What each team uses of each flavour it has a quota on",
+        used,
+    );
+    registry.register(
+        "team_quota_borrowed",
+        "What each team uses beyond its nominal quota, borrowed from its cohort",
+        borrowed,
+    );
+
+    let budget = Family::<TeamLabels, FloatGauge>::default();
+    let spent = Family::<TeamLabels, FloatGauge>::default();
+    let ratio = Family::<TeamLabels, FloatGauge>::default();
+    for b in state.budgets {
+        let l = TeamLabels {
+            team: b.team.clone(),
+        };
+        budget.get_or_create(&l).set(usd(b.monthly.0));
+        spent.get_or_create(&l).set(usd(b.used.0));
+        if b.monthly.0 > 0 {
+            ratio
+                .get_or_create(&l)
+                .set(b.used.0 as f64 / b.monthly.0 as f64);
+        }
+    }
+    registry.register(
+        "team_budget_usd",
+        "Each team's monthly budget (teams with one)",
+        budget,
+    );
+    registry.register(
+        "team_budget_used_usd",
+        "What each team with a budget has spent this calendar month (UTC), from the ledger",
+        spent,
+    );
+    registry.register(
+        "team_budget_used_ratio",
+        "Spent this month over the monthly budget",
+        ratio,
+    );
+
+    let lost = Family::<TeamLabels, Counter>::default();
+    for (team, s) in &state.view.lost_gpu_seconds {
+        lost.get_or_create(&TeamLabels { team: team.clone() })
+            .inc_by(u64::try_from(*s).unwrap_or(0));
+    }
+    registry.register(
+        "lost_gpu_seconds",
+        "GPU-seconds of work lost over the jobs' lives (runs that ended without a durable checkpoint, counted from their resume point)",
+        lost,
+    );
+}
+
+/// The webhook and ledger backlogs.
+fn plumbing(registry: &mut Registry, state: &FleetState<'_>) {
+    let v = state.view;
+    let pending = Gauge::<i64>::default();
+    pending.set(i64::try_from(v.webhooks_pending).unwrap_or(i64::MAX));
+    registry.register(
+        "webhook_deliveries_pending",
+        "Webhook deliveries waiting to go out (new or retrying)",
+        pending,
+    );
+    let age = |t: Option<DateTime<Utc>>| {
+        t.map_or(0.0, |t| {
+            (state.now - t).num_milliseconds().max(0) as f64 / 1000.0
+        })
+    };
+    let lag = FloatGauge::default();
+    lag.set(age(v.oldest_pending_delivery));
+    registry.register(
+        "webhook_delivery_lag_seconds",
+        "Age of the oldest webhook delivery not yet delivered (0 with none)",
+        lag,
+    );
+    let ledger = FloatGauge::default();
+    ledger.set(age(v.ledger_until));
+    registry.register(
+        "ledger_lag_seconds",
+        "How far behind now the ledger has billed the open node it is furthest behind on (0 with none)",
+        ledger,
+    );
+}
+
+/// The names of the DCGM fields exported, with their help (dcgm-exporter's).
+const DCGM_HELP: [(&str, &str); 11] = [
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+    (
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "Total number of single-bit volatile ECC errors.",
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "Total number of double-bit volatile ECC errors.",
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "Total number of double-bit persistent ECC errors.",
+    ),
+    (
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "Ratio of time the graphics engine is active.",
+    ),
+];
+
+/// The GPU telemetry under dcgm-exporter's names and labels (see [`dcgm`]); returns the mean
+/// SM utilisation of the devices jobs hold.
+fn gpu_telemetry(registry: &mut Registry, state: &FleetState<'_>) -> Option<f64> {
+    let families: Vec<Family<Vec<(String, String)>, FloatGauge>> =
+        DCGM_HELP.iter().map(|_| Family::default()).collect();
+    let (mut util_sum, mut util_n) = (0.0, 0u32);
+    for node in &state.view.telemetry {
+        let held: Vec<dcgm::Held> = node.holders.iter().map(|h| h.held.clone()).collect();
+        let owners = dcgm::attribute(&node.rows, &node.inventory, node.model, &held);
+        for (row, who) in node.rows.iter().zip(owners) {
+            let inv = node.inventory.iter().find(|g| g.index == row.index);
+            let model_name = inv
+                .map(|g| g.name.clone())
+                .or_else(|| node.model.map(|m| m.product_name().to_owned()));
+            let mut base: Vec<(String, String)> = vec![
+                ("gpu".into(), row.index.to_string()),
+                (
+                    "UUID".into(),
+                    row.uuid
+                        .clone()
+                        .or_else(|| inv.map(|g| g.uuid.clone()))
+                        .unwrap_or_default(),
+                ),
+                ("device".into(), format!("nvidia{}", row.index)),
+                ("modelName".into(), model_name.unwrap_or_default()),
+                ("Hostname".into(), node.hostname.clone()),
+            ];
+            if row.mig_uuid.is_some() {
+                let profile = row.mig_profile.clone().or_else(|| {
+                    inv.and_then(|g| {
+                        g.mig_devices
+                            .iter()
+                            .find(|d| Some(&d.uuid) == row.mig_uuid.as_ref())
+                            .map(|d| d.profile.clone())
+                    })
+                });
+                base.push(("GPU_I_PROFILE".into(), profile.unwrap_or_default()));
+                base.push((
+                    "GPU_I_ID".into(),
+                    row.gpu_instance_id
+                        .map(|i| i.to_string())
+                        .unwrap_or_default(),
+                ));
+            }
+            if !who.is_empty()
+                && let Some(sm) = dcgm::sm_pct(row)
+            {
+                util_sum += sm;
+                util_n += 1;
+            }
+            let label_sets: Vec<Vec<(String, String)>> = if who.is_empty() {
+                vec![base]
+            } else {
+                who.iter()
+                    .map(|i| {
+                        let h = &node.holders[*i];
+                        let mut l = base.clone();
+                        l.push(("job_id".into(), h.job_id.clone()));
+                        l.push(("job_name".into(), h.job_name.clone()));
+                        l.push(("team".into(), h.team.clone()));
+                        l
+                    })
+                    .collect()
+            };
+            let fields = row.dcgm_fields();
+            for (k, (name, _)) in DCGM_HELP.iter().enumerate() {
+                let Some((_, v)) = fields.iter().find(|(f, _)| f == name) else {
+                    continue;
+                };
+                for l in &label_sets {
+                    families[k].get_or_create(l).set(*v);
+                }
+            }
+        }
+    }
+    for ((name, help), family) in DCGM_HELP.iter().zip(families) {
+        registry.register(*name, *help, family);
+    }
+    (util_n > 0).then(|| util_sum / f64::from(util_n))
 }
 
 #[cfg(test)]

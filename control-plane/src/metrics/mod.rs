@@ -4,7 +4,10 @@
 //! global, so tests can run several servers in one process. The fleet, queue and money gauges
 //! are read from the store at each scrape ([`fleet`]).
 
+pub mod dcgm;
 pub mod fleet;
+pub mod history;
+pub mod outbox;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -55,6 +58,48 @@ pub struct EventLabels {
     pub event: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NoticeLabels {
+    pub cloud: String,
+    /// Where the notice came from: `aws-instance-action`, `aws-rebalance`, `gcp-preempted`,
+    /// `azure-scheduled-event`, `simulated`, or `event-stream` (the cloud's own stream).
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobEventLabels {
+    pub event: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckpointLabels {
+    pub trigger: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabels {
+    pub trigger: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderErrorLabels {
+    pub cloud: &'static str,
+    pub op: &'static str,
+    /// The error's kind: `insufficient_capacity`, `throttled`, `quota`, `auth`, ...
+    pub kind: &'static str,
+}
+
+/// Seconds from a notice: 1 s to ~68 min.
+fn recovery_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 13))
+}
+
+/// Checkpoint sizes: 1 MiB to 16 TiB.
+fn bytes_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1_048_576.0, 4.0, 13))
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs to ~13 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
@@ -70,6 +115,13 @@ pub struct Metrics {
     pub leader: Family<LockLabels, Gauge>,
     pub passes: Family<PassLabels, Histogram, fn() -> Histogram>,
     pub events: Family<EventLabels, Counter>,
+    pub notices: Family<NoticeLabels, Counter>,
+    pub job_events: Family<JobEventLabels, Counter>,
+    pub checkpoint_seconds: Family<CheckpointLabels, Histogram, fn() -> Histogram>,
+    pub checkpoint_bytes: Family<TriggerLabels, Histogram, fn() -> Histogram>,
+    pub notice_to_durable: Histogram,
+    pub notice_to_running: Histogram,
+    pub provider_errors: Family<ProviderErrorLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -133,8 +185,63 @@ impl Metrics {
             "What the loops did: admissions, preemptions, notices, requeues, nodes bought, ...",
             events.clone(),
         );
+        let notices = Family::<NoticeLabels, Counter>::default();
+        registry.register(
+            "notices",
+            "Termination notices and warnings for nodes, by cloud and where they came from",
+            notices.clone(),
+        );
+        let job_events = Family::<JobEventLabels, Counter>::default();
+        registry.register(
+            "job_events",
+            "Job events by kind, as webhooks name them (queued, running, resumed, preempted, checkpointed, start_failed, succeeded, failed, cancelled)",
+            job_events.clone(),
+        );
+        let checkpoint_seconds =
+            Family::<CheckpointLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                recovery_histogram as fn() -> Histogram,
+            );
+        registry.register(
+            "checkpoint_seconds",
+            "How long checkpoints took, by trigger (notice, command, drain) and outcome (durable, missed_deadline, failed)",
+            checkpoint_seconds.clone(),
+        );
+        let checkpoint_bytes =
+            Family::<TriggerLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                bytes_histogram as fn() -> Histogram,
+            );
+        registry.register(
+            "checkpoint_bytes",
+            "Size of durable checkpoints, by trigger",
+            checkpoint_bytes.clone(),
+        );
+        let notice_to_durable = recovery_histogram();
+        registry.register(
+            "notice_to_checkpoint_durable_seconds",
+            "From a cloud's termination notice to each replica's checkpoint being durable",
+            notice_to_durable.clone(),
+        );
+        let notice_to_running = recovery_histogram();
+        registry.register(
+            "notice_to_running_seconds",
+            "From a cloud taking a job's node (its notice, or the loss of a node that gave none) to the job running again",
+            notice_to_running.clone(),
+        );
+        let provider_errors = Family::<ProviderErrorLabels, Counter>::default();
+        registry.register(
+            "provider_errors",
+            "Failed cloud provider calls (after retries) by cloud, operation and error kind",
+            provider_errors.clone(),
+        );
         Metrics {
             registry: Arc::new(Mutex::new(registry)),
+            notices,
+            job_events,
+            checkpoint_seconds,
+            checkpoint_bytes,
+            notice_to_durable,
+            notice_to_running,
+            provider_errors,
             store_ops,
             http_requests,
             provider_calls,
@@ -147,7 +254,17 @@ impl Metrics {
     /// An observer for the providers' metering decorator.
     pub fn provider_observer(&self) -> spotplane_providers::decorators::Observer {
         let calls = self.provider_calls.clone();
+        let errors = self.provider_errors.clone();
         Arc::new(move |cloud, op, error, took| {
+            if let Some(kind) = error {
+                errors
+                    .get_or_create(&ProviderErrorLabels {
+                        cloud: cloud.as_str(),
+                        op,
+                        kind,
+                    })
+                    .inc();
+            }
             calls
                 .get_or_create(&ProviderCallLabels {
                     cloud: cloud.as_str(),
@@ -175,6 +292,7 @@ impl Metrics {
         use crate::reconcile::runner::StepOutcome;
         let label = match outcome {
             StepOutcome::Done(report) => {
+                self.record_signals(report.signals());
                 for (event, n) in report.events() {
                     if n > 0 {
                         self.events
@@ -193,6 +311,57 @@ impl Metrics {
                 outcome: label,
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// Records what outbox events told (see [`outbox`]).
+    pub fn record_signals(&self, signals: &[outbox::Signal]) {
+        use outbox::Signal;
+        for s in signals {
+            match s {
+                Signal::Notice { cloud, source } => {
+                    self.notices
+                        .get_or_create(&NoticeLabels {
+                            cloud: cloud.clone(),
+                            kind: source.clone(),
+                        })
+                        .inc();
+                }
+                Signal::Job(event) => {
+                    self.job_events
+                        .get_or_create(&JobEventLabels { event })
+                        .inc();
+                }
+                Signal::Checkpoint {
+                    trigger,
+                    outcome,
+                    seconds,
+                    bytes,
+                    since_notice,
+                } => {
+                    if let Some(s) = seconds {
+                        self.checkpoint_seconds
+                            .get_or_create(&CheckpointLabels {
+                                trigger: trigger.clone(),
+                                outcome,
+                            })
+                            .observe(*s);
+                    }
+                    if let (Some(b), "durable") = (bytes, *outcome) {
+                        self.checkpoint_bytes
+                            .get_or_create(&TriggerLabels {
+                                trigger: trigger.clone(),
+                            })
+                            .observe(*b);
+                    }
+                    if let Some(s) = since_notice {
+                        self.notice_to_durable.observe(*s);
+                    }
+                }
+                Signal::Resumed { interrupted_for } => {
+                    self.notice_to_running.observe(*interrupted_for);
+                }
+            }
+        }
     }
 
     pub fn observe_store(&self, op: &'static str, ok: bool, took: Duration) {

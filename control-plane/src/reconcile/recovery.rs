@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use spotplane_core::agent::CommandKind;
 use spotplane_providers::registry::Providers;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::clock::SharedClock;
 use crate::reconcile::runner::{ReconcileError, Reconciler, Report};
@@ -150,7 +151,10 @@ impl RecoveryLoop {
             .await?;
         let actions = recovery::plan(now, &snap, &self.settings);
         for a in actions {
-            let res = self.apply(&a, now, &mut report).await;
+            let res = self
+                .apply(&a, now, &mut report)
+                .instrument(action_span(&a))
+                .await;
             match res {
                 Ok(()) => {}
                 Err(StoreError::Conflict(why) | StoreError::NotFound(why)) => {
@@ -306,5 +310,50 @@ impl RecoveryLoop {
             }
         }
         Ok(())
+    }
+}
+
+/// A span for one recovery action: `agent_command` for what becomes a command to a node's
+/// agent (start, checkpoint, drain, stop), `recovery` for the rest; each with the job, node,
+/// replica and attempt it concerns.
+fn action_span(a: &Action) -> tracing::Span {
+    use tracing::info_span;
+    match a {
+        Action::Start {
+            job,
+            node,
+            replica,
+            attempt,
+            ..
+        } => {
+            info_span!("agent_command", command = "start", job_id = %job, node_id = %node, replica, attempt)
+        }
+        Action::Checkpoint {
+            job, node, replica, ..
+        } => {
+            info_span!("agent_command", command = "checkpoint", job_id = %job, node_id = %node, replica)
+        }
+        Action::Drain { node, .. } => {
+            info_span!("agent_command", command = "drain", node_id = %node)
+        }
+        Action::Stop {
+            job,
+            node,
+            replica,
+            attempt,
+        } => {
+            info_span!("agent_command", command = "stop", job_id = %job, node_id = %node, replica, attempt)
+        }
+        Action::Transition { job, to, .. } => {
+            info_span!("recovery", action = "transition", job_id = %job, to = %to)
+        }
+        Action::Requeue { job, .. } => info_span!("recovery", action = "requeue", job_id = %job),
+        Action::DropReplicas { job, .. } => {
+            info_span!("recovery", action = "drop_replicas", job_id = %job)
+        }
+        Action::Fail { job, .. } => info_span!("recovery", action = "fail", job_id = %job),
+        Action::NodeLost { node, .. } => {
+            info_span!("recovery", action = "node_lost", node_id = %node)
+        }
     }
 }

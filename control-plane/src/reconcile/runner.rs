@@ -59,6 +59,11 @@ pub trait Report: Debug + Send {
     fn events(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
     }
+
+    /// What the pass read from the outbox for the recovery and job metrics.
+    fn signals(&self) -> &[crate::metrics::outbox::Signal] {
+        &[]
+    }
 }
 
 /// One loop of the control plane.

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::clock::SharedClock;
 use crate::config::SchedulerSettings;
@@ -161,7 +162,19 @@ impl SchedulerLoop {
             ..CycleReport::default()
         };
         for a in &decisions.admissions {
-            match self.store.admit_job(a.job, &a.placements, now).await {
+            let nodes: Vec<String> = a.placements.iter().map(|p| p.node.to_string()).collect();
+            let span = tracing::info_span!(
+                "admit",
+                job_id = %a.job,
+                node_id = %nodes.first().map_or("", String::as_str),
+                nodes = nodes.len(),
+            );
+            match self
+                .store
+                .admit_job(a.job, &a.placements, now)
+                .instrument(span)
+                .await
+            {
                 Ok(()) => {
                     crate::crash_point!("admission");
                     report.admitted += 1;

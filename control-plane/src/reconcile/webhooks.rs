@@ -24,12 +24,14 @@ use crate::webhooks::signing::signature_header;
 use crate::webhooks::{EventType, body};
 
 /// What one cycle did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeliveryReport {
     pub events: usize,
     pub attempted: usize,
     pub delivered: usize,
     pub failed: usize,
+    /// What the events fanned out tell the metrics (notices, checkpoints, resumes).
+    pub signals: Vec<crate::metrics::outbox::Signal>,
 }
 
 impl Report for DeliveryReport {
@@ -43,6 +45,10 @@ impl Report for DeliveryReport {
             ("deliveries_delivered", self.delivered as u64),
             ("deliveries_failed", self.failed as u64),
         ]
+    }
+
+    fn signals(&self) -> &[crate::metrics::outbox::Signal] {
+        &self.signals
     }
 }
 
@@ -98,12 +104,13 @@ impl WebhookLoop {
         let mut report = DeliveryReport::default();
         let gap = chrono::Duration::from_std(self.settings.gap_wait).unwrap_or_default();
         loop {
-            let n = self
+            let fan = self
                 .store
                 .webhook_fan_out(self.clock.now(), gap, 500)
                 .await?;
-            report.events += n;
-            if n < 500 {
+            report.events += fan.seen;
+            report.signals.extend(fan.signals);
+            if fan.seen < 500 {
                 break;
             }
         }

@@ -49,6 +49,10 @@ use spotplane_core::{CheckpointId, JobId, JobState, NodeId, NodeState};
 #[cfg(test)]
 mod tests;
 
+/// How a drain caused by a termination notice begins its reason (the store reads it back to
+/// tell a cloud's interruption from spotplane's own drains).
+pub const CLOUD_DRAIN_REASON: &str = "a node of the job is being taken";
+
 /// The durable checkpoint a replica resumes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResumePoint {
@@ -529,7 +533,7 @@ fn plan_job(r: &Round, j: &JobView, out: &mut Vec<Action>) -> bool {
                     to: JobState::Draining,
                     reason: Some(match notice_deadline {
                         Some(d) => format!(
-                            "a node of the job is being taken at {}; checkpointing",
+                            "{CLOUD_DRAIN_REASON} at {}; checkpointing",
                             d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                         ),
                         None => "a node of the job is draining; checkpointing".into(),

@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 use rustc_hash::FxHashMap;
 use spotplane_core::mig::MigClass;
 use spotplane_core::shape::GpuShape;
-use spotplane_core::{Cloud, GpuModel, JobId};
+use spotplane_core::{Cloud, GpuModel, JobId, TeamName};
 
 use super::fairshare::Accounts;
 use super::packing::{self, PackingPolicy};
@@ -161,6 +161,53 @@ pub fn schedule(
     now: DateTime<Utc>,
 ) -> Decisions {
     schedule_with(snap, policy, cfg, now, snap.queued.len() >= PARALLEL_QUEUES)
+}
+
+/// Each team's standing now, as the next cycle would account it: its weighted dominant share
+/// and, per flavour it has a quota on, nominal quota, usage and borrowed amount (see
+/// [`Accounts::quota_standing`]). Pure, like [`schedule`]; for the metrics.
+pub fn team_standing(snap: &Snapshot) -> Vec<TeamStanding> {
+    let mut gpu_capacity: FxHashMap<GpuModel, u64> = FxHashMap::default();
+    let mut cpu_capacity = 0;
+    for n in &snap.nodes {
+        if let Some(m) = n.gpu_model {
+            *gpu_capacity.entry(m).or_insert(0) +=
+                n.gpus.len() as u64 * u64::from(packing::GPU_MILLI);
+        }
+        cpu_capacity += n.cpu_milli;
+    }
+    let mut accounts = Accounts::new(&snap.teams, gpu_capacity, cpu_capacity);
+    let model_of: FxHashMap<spotplane_core::NodeId, Option<GpuModel>> =
+        snap.nodes.iter().map(|n| (n.id, n.gpu_model)).collect();
+    for job in &snap.running {
+        let team = accounts.team(&job.team);
+        for p in &job.placements {
+            let model = model_of.get(&p.node).copied().flatten();
+            accounts.charge(
+                team,
+                &job.shape.gpu,
+                model,
+                u64::from(job.shape.cpu_milli),
+                1,
+            );
+        }
+    }
+    (0..accounts.teams.len())
+        .map(|i| TeamStanding {
+            team: accounts.teams[i].name.clone(),
+            dominant_share: accounts.dominant_share(i),
+            quotas: accounts.quota_standing(i),
+        })
+        .collect()
+}
+
+/// One team's standing (see [`team_standing`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TeamStanding {
+    pub team: TeamName,
+    pub dominant_share: f64,
+    /// Per flavour with a quota: name, nominal, used, borrowed.
+    pub quotas: Vec<(String, f64, f64, f64)>,
 }
 
 /// [`schedule`], building the queues on a second thread or in line.

@@ -327,6 +327,31 @@ impl Accounts {
         apply(&mut t.cpu_milli, cpu_milli);
     }
 
+    /// The team's quota on each flavour it has one on: the flavour's name (a GPU model, or a
+    /// MIG profile), and its nominal quota, usage and borrowed amount, in whole GPUs for a
+    /// model and instances for a MIG profile.
+    pub fn quota_standing(&self, team: usize) -> Vec<(String, f64, f64, f64)> {
+        let t = &self.teams[team];
+        let mut out = Vec::new();
+        for slot in 0..self.slots() {
+            if t.limits.get(slot).copied().flatten().is_none() {
+                continue;
+            }
+            let (name, scale) = if slot < MODELS {
+                (GpuModel::ALL[slot].to_string(), 1000.0)
+            } else {
+                (self.mig_profiles[slot - MODELS].to_string(), 1.0)
+            };
+            out.push((
+                name,
+                t.nominal(slot) as f64 / scale,
+                t.usage(slot) as f64 / scale,
+                t.borrowed(slot) as f64 / scale,
+            ));
+        }
+        out
+    }
+
     /// Weighted dominant share: the team's largest share of any GPU model's capacity or of
     /// the CPU, divided by its weight. Smaller goes first.
     pub fn dominant_share(&self, team: usize) -> f64 {

@@ -42,7 +42,7 @@ mod placement;
 mod preemption;
 mod relayout;
 
-pub use cycle::{quota_models_of_queued, schedule};
+pub use cycle::{TeamStanding, quota_models_of_queued, schedule, team_standing};
 pub use snapshot::*;
 
 /// Tunables of the scheduler.

@@ -12,7 +12,7 @@ use spotplane_core::{JobId, JobState, TeamName};
 
 use super::entity::{allocation, job, job_event, outbox};
 use super::{Store, StoreError, from_json, parse_col};
-use crate::model::{Job, JobEvent, Page};
+use crate::model::{Job, JobEvent, JobUtilization, Page};
 
 /// A validated job to store.
 #[derive(Debug, Clone)]
@@ -68,6 +68,7 @@ fn job_from_row(row: job::Model) -> Result<Job, StoreError> {
         lost_gpu_seconds: row.lost_gpu_seconds,
         failures: u32::try_from(row.failures).unwrap_or(0),
         not_before: row.not_before,
+        utilization: None,
         created_at: row.created_at,
         updated_at: row.updated_at,
         finished_at: row.finished_at,
@@ -129,7 +130,7 @@ async fn record_job_event<C: ConnectionTrait>(
         from_state: Set(from.map(|s| s.to_string())),
         to_state: Set(Some(job.state.to_string())),
         reason: Set(job.state_reason.clone()),
-        data: Set(data),
+        data: Set(data.clone()),
         ..Default::default()
     }
     .insert(conn)
@@ -139,7 +140,14 @@ async fn record_job_event<C: ConnectionTrait>(
         subject_kind: Set("job".into()),
         subject_id: Set(job.id.to_string()),
         team_id: Set(Some(team_id.to_owned())),
-        payload: Set(job_payload(job, from)),
+        payload: Set({
+            let mut p = job_payload(job, from);
+            // A run starting again after its cloud took it says how long it was out.
+            if let Some(s) = data.as_ref().and_then(|d| d.get("interrupted_for_seconds")) {
+                p["interrupted_for_seconds"] = s.clone();
+            }
+            p
+        }),
         created_at: Set(now),
         ..Default::default()
     }
@@ -198,9 +206,65 @@ impl Store {
     pub async fn get_job(&self, id: JobId, team_id: Option<&str>) -> Result<Job, StoreError> {
         self.measured("get_job", || async {
             let row = self.job_row(&self.read, id, team_id).await?;
-            job_from_row(row)
+            let mut job = job_from_row(row)?;
+            job.utilization = self
+                .job_utilisation(std::slice::from_ref(&job.id))
+                .await?
+                .remove(&job.id);
+            Ok(job)
         })
         .await
+    }
+
+    /// Each job's GPU utilisation over its run (see [`JobUtilization`]), for the jobs of `ids`
+    /// that have readings: one grouped query over their allocations.
+    pub async fn job_utilisation(
+        &self,
+        ids: &[JobId],
+    ) -> Result<std::collections::HashMap<JobId, JobUtilization>, StoreError> {
+        // Summed here rather than in SQL: PostgreSQL's SUM of a bigint is a numeric.
+        let mut sums: std::collections::HashMap<String, (i64, i64, i64, i64)> =
+            std::collections::HashMap::new();
+        for chunk in ids.chunks(500) {
+            let rows: Vec<(String, i64, i64, i64, i64)> = allocation::Entity::find()
+                .select_only()
+                .columns([
+                    allocation::Column::JobId,
+                    allocation::Column::UtilSamples,
+                    allocation::Column::SmUtilSum,
+                    allocation::Column::MemUsedMibSum,
+                    allocation::Column::MemUsedMibMax,
+                ])
+                .filter(allocation::Column::JobId.is_in(chunk.iter().map(ToString::to_string)))
+                .filter(allocation::Column::UtilSamples.gt(0))
+                .into_tuple()
+                .all(&self.read)
+                .await?;
+            for (id, samples, sm, mem, mem_max) in rows {
+                let e = sums.entry(id).or_default();
+                e.0 = e.0.saturating_add(samples);
+                e.1 = e.1.saturating_add(sm);
+                e.2 = e.2.saturating_add(mem);
+                e.3 = e.3.max(mem_max);
+            }
+        }
+        let mut out = std::collections::HashMap::new();
+        for (id, (samples, sm, mem, mem_max)) in sums {
+            if samples <= 0 {
+                continue;
+            }
+            let n = samples as f64;
+            out.insert(
+                parse_col("allocations", &id, &id)?,
+                JobUtilization {
+                    sm_pct_mean: (sm as f64 / n * 10.0).round() / 10.0,
+                    memory_used_mib_mean: (mem as f64 / n).round(),
+                    memory_used_mib_max: u64::try_from(mem_max).unwrap_or(0),
+                    samples: u64::try_from(samples).unwrap_or(0),
+                },
+            );
+        }
+        Ok(out)
     }
 
     async fn job_row<C: ConnectionTrait>(
@@ -236,10 +300,15 @@ impl Store {
             let mut rows = q.all(&self.read).await?;
             let more = rows.len() as u64 > filter.limit;
             rows.truncate(filter.limit as usize);
-            let items = rows
+            let mut items = rows
                 .into_iter()
                 .map(job_from_row)
                 .collect::<Result<Vec<_>, _>>()?;
+            let ids: Vec<JobId> = items.iter().map(|j| j.id).collect();
+            let mut util = self.job_utilisation(&ids).await?;
+            for j in &mut items {
+                j.utilization = util.remove(&j.id);
+            }
             let next_cursor = if more {
                 items.last().map(|j| j.id.to_string())
             } else {
@@ -375,8 +444,50 @@ pub(crate) async fn job_event_in<C: ConnectionTrait>(
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("job {}", row.id)))?;
     let job = job_from_row(updated)?;
+    let mut data = data;
+    if to == JobState::Running
+        && row.attempt > 1
+        && let Some(seconds) = interrupted_for(txn, &row.id, now).await?
+    {
+        let d = data.get_or_insert_with(|| json!({}));
+        if let Some(o) = d.as_object_mut() {
+            o.insert("interrupted_for_seconds".into(), json!(seconds));
+        }
+    }
     record_job_event(txn, &job, &row.team_id, Some(from), data, now).await?;
     Ok(job)
+}
+
+/// How long a job starting again was interrupted by its cloud: from the notice that began its
+/// last drain (`job.draining` because a node "is being taken") or the loss of its node without
+/// one (`job.lost`), to `now`. `None` when its last stop was not the cloud's doing (a priority
+/// preemption, a consolidation, a failure).
+async fn interrupted_for<C: ConnectionTrait>(
+    txn: &C,
+    job_id: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<f64>, StoreError> {
+    let latest = |kind: &'static str| {
+        job_event::Entity::find()
+            .filter(job_event::Column::JobId.eq(job_id))
+            .filter(job_event::Column::Kind.eq(kind))
+            .order_by_desc(job_event::Column::Id)
+            .one(txn)
+    };
+    // The requeue that ended the last run says what it ended from.
+    let Some(requeue) = latest("job.queued").await? else {
+        return Ok(None);
+    };
+    let stop = match requeue.from_state.as_deref() {
+        Some("draining") => latest("job.draining").await?.filter(|e| {
+            e.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(crate::recovery::CLOUD_DRAIN_REASON))
+        }),
+        Some("lost") => latest("job.lost").await?,
+        _ => None,
+    };
+    Ok(stop.map(|e| (now - e.at).num_milliseconds().max(0) as f64 / 1000.0))
 }
 
 /// Records something that happened to the job in `row` without moving it (`job.<what>`: a

@@ -28,6 +28,7 @@ mod finance;
 mod jobs;
 mod leader;
 mod logs;
+mod metrics;
 mod nodes;
 mod outbox;
 mod overview;
@@ -56,6 +57,7 @@ use sea_orm::{
 use serde_json::Value;
 use spotplane_migrations::Migrator;
 use spotplane_migrations::MigratorTrait;
+use tracing::Instrument;
 
 use crate::config::{DatabaseConfig, DatabaseKind};
 use crate::metrics::Metrics;
@@ -68,6 +70,7 @@ pub use finance::{LivePool, TeamBudget};
 pub use jobs::{JobFilter, NewJob, SubmitOutcome};
 pub use leader::Leadership;
 pub use logs::{LogAttemptStatus, LogRetention, LogRow, NewLogChunk};
+pub use metrics::{Holder, MetricsView, NodeTelemetry};
 pub use nodes::{NewGpu, NewNode, OfferCursor};
 pub use outbox::OutboxEvent;
 pub use overview::{JobLine, PlacedReplica};
@@ -76,7 +79,7 @@ pub use scheduling::SpecCache;
 pub use secrets::{ResealReport, SecretWrite};
 pub use teams::{NewTeam, TeamPatch};
 pub use tokens::{Bootstrap, NewToken, Principal, generate_secret, hash_secret};
-pub use webhooks::{DueDelivery, NewSubscription, SubscriptionPatch};
+pub use webhooks::{DueDelivery, FanOut, NewSubscription, SubscriptionPatch};
 
 /// What can go wrong in the store, for callers to branch on.
 #[derive(Debug, thiserror::Error)]
@@ -326,8 +329,11 @@ impl Store {
     {
         let started = Instant::now();
         let mut attempt = 1;
+        // A child of whatever asked (a request, an admission, an agent command): at debug
+        // level, as each request makes several.
+        let span = tracing::debug_span!("store", op = name);
         loop {
-            match op().await {
+            match op().instrument(span.clone()).await {
                 Err(StoreError::Db(e)) if attempt < MAX_ATTEMPTS && is_transient(&e) => {
                     tracing::debug!(op = name, attempt, error = %e, "retrying transient database error");
                     tokio::time::sleep(Duration::from_millis(5 << attempt)).await;

@@ -39,6 +39,9 @@ pub struct JobLine {
     pub attempt: u32,
     pub lost_gpu_seconds: i64,
     pub updated_at: chrono::DateTime<chrono::Utc>,
+    /// Its GPUs' utilisation over the run so far, once there are readings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<crate::model::JobUtilization>,
 }
 
 impl Store {
@@ -97,9 +100,13 @@ impl Store {
                 .limit(limit)
                 .all(&self.read)
                 .await?;
+            let ids: Vec<spotplane_core::JobId> =
+                rows.iter().filter_map(|r| r.id.parse().ok()).collect();
+            let mut util = self.job_utilisation(&ids).await?;
             let lines = rows
                 .into_iter()
                 .map(|r| JobLine {
+                    utilization: r.id.parse().ok().and_then(|id| util.remove(&id)),
                     id: r.id,
                     name: r.name,
                     team_id: r.team_id,

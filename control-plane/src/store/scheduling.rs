@@ -410,6 +410,10 @@ impl Store {
                     phase_at: Set(None),
                     started_at: Set(None),
                     start_error: Set(None),
+                    util_samples: Set(0),
+                    sm_util_sum: Set(0),
+                    mem_used_mib_sum: Set(0),
+                    mem_used_mib_max: Set(0),
                 }
                 .insert(&txn)
                 .await?;

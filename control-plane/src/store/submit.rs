@@ -163,6 +163,7 @@ fn queued_job(new: &NewJob, now: DateTime<Utc>) -> Job {
         lost_gpu_seconds: 0,
         failures: 0,
         not_before: None,
+        utilization: None,
         created_at: now,
         updated_at: now,
         finished_at: None,

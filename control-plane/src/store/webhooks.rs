@@ -188,6 +188,15 @@ pub(crate) fn open_secret(
     Ok((secret, how))
 }
 
+/// What a fan-out pass looked at.
+#[derive(Debug, Default)]
+pub struct FanOut {
+    /// Outbox events passed (the cursor moved over them).
+    pub seen: usize,
+    /// What they tell the metrics (`crate::metrics::outbox`).
+    pub signals: Vec<crate::metrics::outbox::Signal>,
+}
+
 impl Store {
     async fn team_name(&self, team_id: &str) -> Result<String, StoreError> {
         team::Entity::find_by_id(team_id.to_owned())
@@ -405,7 +414,7 @@ impl Store {
         now: DateTime<Utc>,
         gap_wait: chrono::Duration,
         limit: u64,
-    ) -> Result<usize, StoreError> {
+    ) -> Result<FanOut, StoreError> {
         self.measured("webhook_fan_out", || async {
             let after = get_cursor(&self.read, FAN_OUT_CURSOR).await?;
             let rows = outbox::Entity::find()
@@ -415,11 +424,12 @@ impl Store {
                 .all(&self.read)
                 .await?;
             if rows.is_empty() {
-                return Ok(0);
+                return Ok(FanOut::default());
             }
             let txn = self.write.begin().await?;
             let mut position = after;
             let mut seen = 0;
+            let mut signals = Vec::new();
             let subs = webhook_subscription::Entity::find().all(&txn).await?;
             for r in rows {
                 if r.id != position + 1 && now - r.created_at < gap_wait {
@@ -427,6 +437,7 @@ impl Store {
                 }
                 position = r.id;
                 seen += 1;
+                signals.extend(crate::metrics::outbox::signals(&r.kind, &r.payload));
                 let Some(t) = EventType::of_outbox(&r.kind, &r.payload) else {
                     continue;
                 };
@@ -487,7 +498,7 @@ impl Store {
                 super::finance::set_cursor_in(&txn, FAN_OUT_CURSOR, position, now).await?;
             }
             txn.commit().await?;
-            Ok(seen)
+            Ok(FanOut { seen, signals })
         })
         .await
     }

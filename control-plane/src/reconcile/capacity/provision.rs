@@ -12,6 +12,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use spotplane_core::{Cloud, NodeId, NodeState};
 use spotplane_providers::{ProviderError, ProvisionRequest, tags};
+use tracing::Instrument;
 
 use super::{CapacityLoop, CapacityReport};
 use crate::planner;
@@ -235,7 +236,17 @@ impl CapacityLoop {
                 tags: labels,
                 user_data,
             };
-            match provider.provision(&req).await {
+            let span = tracing::info_span!(
+                "buy",
+                node_id = %node_id,
+                offer = %offer.id(),
+                job_id = %buy.job,
+                replaces = tracing::field::Empty,
+            );
+            if let Some(old) = replaces {
+                span.record("replaces", tracing::field::display(old));
+            }
+            match provider.provision(&req).instrument(span).await {
                 Ok(inst) => {
                     crate::crash_point!("provision-after-cloud-call");
                     self.store

@@ -199,10 +199,31 @@ pub(super) async fn record_checkpoint_in<C: ConnectionTrait>(
         CheckpointOutcome::MissedDeadline => "job.checkpoint_missed_deadline",
         CheckpointOutcome::Failed => "job.checkpoint_failed",
     };
-    let data = json!({"checkpoint_id": report.checkpoint_id, "replica": report.replica,
+    let seconds =
+        |from: DateTime<Utc>| (report.finished_at - from).num_milliseconds().max(0) as f64 / 1000.0;
+    // From the cloud's notice to durable: the agent starts a `notice` checkpoint as it sees
+    // the notice; a `drain` one starts when spotplane drains the job, which it does at a
+    // notice the cloud's event stream gave.
+    let since_notice = match (report.outcome, report.trigger) {
+        (CheckpointOutcome::Durable, CheckpointTrigger::Notice) => Some(seconds(report.started_at)),
+        (CheckpointOutcome::Durable, CheckpointTrigger::Drain) => job_row
+            .drain_started_at
+            .filter(|_| {
+                job_row
+                    .state_reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with(crate::recovery::CLOUD_DRAIN_REASON))
+            })
+            .map(seconds),
+        _ => None,
+    };
+    let mut data = json!({"checkpoint_id": report.checkpoint_id, "replica": report.replica,
         "attempt": report.attempt, "uri": report.uri, "node_id": node_id,
         "trigger": report.trigger, "total_bytes": total,
-        "seconds": (report.finished_at - report.started_at).num_milliseconds() as f64 / 1000.0});
+        "seconds": seconds(report.started_at)});
+    if let Some(s) = since_notice {
+        data["since_notice_seconds"] = json!(s);
+    }
     job_event::ActiveModel {
         job_id: Set(job_row.id.clone()),
         at: Set(now),

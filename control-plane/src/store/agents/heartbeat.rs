@@ -12,12 +12,12 @@ use serde_json::{Value, json};
 use spotplane_core::agent::{
     Command, GpuInfo, GpuTelemetry, Heartbeat, ReplicaPhase, ReplicaStatus, TerminationNotice,
 };
-use spotplane_core::{NodeId, NodeState};
+use spotplane_core::{GpuModel, NodeId, NodeState};
 use utoipa::ToSchema;
 
 use super::commands::{PHASE_START_FAILED, ResultApplied, apply_result_in, command_from_row};
 use super::{node_transition_in, to_json};
-use crate::store::entity::{agent_command, allocation, node, node_agent, outbox};
+use crate::store::entity::{agent_command, allocation, gpu, node, node_agent, outbox};
 use crate::store::{Store, StoreError, from_json, parse_col};
 
 /// What an agent last told the control plane.
@@ -117,6 +117,77 @@ async fn notice_in<C: ConnectionTrait>(
     Ok(false)
 }
 
+/// Adds this heartbeat's GPU readings to the running sums of the replicas holding the
+/// devices (see `crate::metrics::dcgm::attribute`), for each job's utilisation over its run.
+async fn record_utilisation<C: ConnectionTrait>(
+    txn: &C,
+    node_id: NodeId,
+    agent: &node_agent::Model,
+    rows: &[GpuTelemetry],
+) -> Result<(), StoreError> {
+    use crate::metrics::dcgm::{Held, attribute, replica_reading};
+    let live = allocation::Entity::find()
+        .filter(allocation::Column::NodeId.eq(node_id.to_string()))
+        .filter(allocation::Column::ReleasedAt.is_null())
+        .all(txn)
+        .await?;
+    if live.is_empty() {
+        return Ok(());
+    }
+    let model = gpu::Entity::find()
+        .filter(gpu::Column::NodeId.eq(node_id.to_string()))
+        .one(txn)
+        .await?
+        .and_then(|g| g.model.parse::<GpuModel>().ok());
+    // An inventory that does not parse only costs the UUID match.
+    let inventory: Vec<GpuInfo> =
+        serde_json::from_value(agent.inventory.clone()).unwrap_or_default();
+    let mut held = Vec::with_capacity(live.len());
+    for a in &live {
+        let gpus: Vec<u32> = from_json("allocations", &a.id, a.gpu_indices.clone())?;
+        let mig = a
+            .mig
+            .clone()
+            .map(|m| from_json("allocations", &a.id, m))
+            .transpose()?;
+        held.push(Held { gpus, mig });
+    }
+    let owners = attribute(rows, &inventory, model, &held);
+    let mut per: Vec<Vec<&GpuTelemetry>> = vec![Vec::new(); live.len()];
+    for (row, who) in rows.iter().zip(&owners) {
+        for i in who {
+            per[*i].push(row);
+        }
+    }
+    for (a, mine) in live.iter().zip(per) {
+        let Some((sm, mem)) = replica_reading(&mine) else {
+            continue;
+        };
+        let mem = i64::try_from(mem).unwrap_or(i64::MAX);
+        allocation::Entity::update_many()
+            .col_expr(
+                allocation::Column::UtilSamples,
+                Expr::value(a.util_samples.saturating_add(1)),
+            )
+            .col_expr(
+                allocation::Column::SmUtilSum,
+                Expr::value(a.sm_util_sum.saturating_add(sm.round() as i64)),
+            )
+            .col_expr(
+                allocation::Column::MemUsedMibSum,
+                Expr::value(a.mem_used_mib_sum.saturating_add(mem)),
+            )
+            .col_expr(
+                allocation::Column::MemUsedMibMax,
+                Expr::value(a.mem_used_mib_max.max(mem)),
+            )
+            .filter(allocation::Column::Id.eq(a.id.clone()))
+            .exec(txn)
+            .await?;
+    }
+    Ok(())
+}
+
 impl Store {
     /// Records a heartbeat and returns the commands the node should carry out, oldest first.
     ///
@@ -164,6 +235,9 @@ impl Store {
                 .filter(node::Column::Id.eq(node_id.to_string()))
                 .exec(&txn)
                 .await?;
+            if !hb.gpus.is_empty() {
+                record_utilisation(&txn, node_id, &agent, &hb.gpus).await?;
+            }
             // Each replica's phase goes on its allocation (this attempt, this node), so an exit
             // is kept until the recovery loop has acted on it.
             for r in &hb.replicas {
@@ -211,7 +285,7 @@ impl Store {
                         subject_kind: Set("node".into()),
                         subject_id: Set(node_id.to_string()),
                         team_id: Set(None),
-                        payload: Set(json!({"node": {"id": node_id}, "notice": n})),
+                        payload: Set(json!({"node": {"id": node_id, "cloud": node_row.cloud}, "notice": n})),
                         created_at: Set(now),
                         ..Default::default()
                     }

@@ -22,6 +22,12 @@ pub struct Model {
     pub started_at: Option<DateTimeUtc>,
     /// Why its `start` failed, as the agent said.
     pub start_error: Option<String>,
+    /// Heartbeat readings of its GPUs while it ran, and their sums (SM utilisation in
+    /// percent, memory used in MiB) and the most memory used.
+    pub util_samples: i64,
+    pub sm_util_sum: i64,
+    pub mem_used_mib_sum: i64,
+    pub mem_used_mib_max: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
