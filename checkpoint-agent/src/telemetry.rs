@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 use spotplane_core::agent::GpuTelemetry;
 
@@ -146,6 +146,7 @@ impl TelemetrySource for NvmlTelemetry {
                 ecc_sbe_volatile: ecc(MemoryError::Corrected, EccCounter::Volatile),
                 ecc_dbe_volatile: ecc(MemoryError::Uncorrected, EccCounter::Volatile),
                 ecc_dbe_aggregate: ecc(MemoryError::Uncorrected, EccCounter::Aggregate),
+                sm_clock_mhz: opt("sm clock", dev.clock_info(Clock::SM)),
                 ..GpuTelemetry::default()
             });
             let mig_on = opt("mig mode", dev.mig_mode()).is_some_and(|m| m.current == 1);

@@ -232,6 +232,21 @@ pub struct GpuTelemetry {
         skip_serializing_if = "Option::is_none"
     )]
     pub ecc_dbe_aggregate: Option<u64>,
+    /// SM clock, MHz.
+    #[serde(
+        default,
+        rename = "DCGM_FI_DEV_SM_CLOCK",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub sm_clock_mhz: Option<u32>,
+    /// Fraction (0 to 1) of cycles the tensor (HMMA) pipe was active: a DCGM profiling field,
+    /// absent where only NVML is read.
+    #[serde(
+        default,
+        rename = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tensor_active: Option<f64>,
     /// Fraction (0 to 1) of time the graphics or compute engine was active: a DCGM profiling
     /// field, which NVML does not give (a node running DCGM does); absent otherwise.
     #[serde(
@@ -285,7 +300,9 @@ impl GpuTelemetry {
             "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
             self.ecc_dbe_aggregate.map(|v| v as f64),
         );
+        push("DCGM_FI_DEV_SM_CLOCK", self.sm_clock_mhz.map(f64::from));
         push("DCGM_FI_PROF_GR_ENGINE_ACTIVE", self.gr_engine_active);
+        push("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", self.tensor_active);
         out
     }
 }

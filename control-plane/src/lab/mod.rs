@@ -41,6 +41,9 @@ pub mod replay;
 pub mod simagent;
 
 #[cfg(test)]
+mod spans;
+
+#[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
 

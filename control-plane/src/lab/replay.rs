@@ -324,7 +324,8 @@ impl World {
                     clock: shared.clone(),
                     sim_market: spec.market.clone(),
                     catalog_dir: None,
-                    observer: None,
+                    // Recorded where the store's operations are (the live demo's `/metrics`).
+                    observer: Some(store.metrics().provider_observer()),
                     sim_state_dir: None,
                 },
             )

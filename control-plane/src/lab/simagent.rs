@@ -287,7 +287,8 @@ impl SimAgents {
             protocol_version: PROTOCOL_VERSION,
             node_id: node,
             agent_version: concat!("sim-", env!("CARGO_PKG_VERSION")).into(),
-            hostname: instance.clone(),
+            // A host name, as a real node's would be: the instance's last path segment.
+            hostname: instance.rsplit('/').next().unwrap_or(&instance).to_owned(),
             instance_id: Some(instance.clone()),
             cpu_milli: 0,
             memory_mib: 0,
@@ -820,7 +821,23 @@ fn sim_telemetry(node: NodeId, a: &Agent, now: DateTime<Utc>) -> Vec<GpuTelemetr
             driven.min(1.0)
         };
         let total = g.memory_mib;
-        let used = if held > 0.0 {
+        let used = if g.mig_enabled {
+            // A MIG GPU's memory in use is its instances'.
+            g.mig_layout
+                .instances()
+                .iter()
+                .map(|inst| {
+                    let name = spotplane_core::mig::profile_name(g.model, inst.class).unwrap_or("");
+                    let (_, mem) = mig_busy
+                        .get(&(g.index, name.to_owned()))
+                        .and_then(|v| v.get(mig_rank(g, inst)).copied())
+                        .unwrap_or_default();
+                    let size = spotplane_core::mig::usable_memory_mib(g.model, inst.class)
+                        .map_or(0, u64::from);
+                    (size as f64 * mem.min(0.95)) as u64
+                })
+                .sum()
+        } else if held > 0.0 {
             (total as f64 * mem.min(0.95)) as u64
         } else {
             0
@@ -835,7 +852,9 @@ fn sim_telemetry(node: NodeId, a: &Agent, now: DateTime<Utc>) -> Vec<GpuTelemetr
             memory_total_mib: Some(total),
             temperature_c: Some((31.0 + 45.0 * util).round() as i16),
             power_w: Some(((0.12 + 0.83 * util) * limit * 10.0).round() / 10.0),
+            sm_clock_mhz: Some(if util > 0.0 { boost_mhz(g.model) } else { 345 }),
             gr_engine_active: Some((util * 0.92 * 1000.0).round() / 1000.0),
+            tensor_active: Some((util * 0.55 * 1000.0).round() / 1000.0),
             ..GpuTelemetry::default()
         });
         for inst in g.mig_layout.instances() {
@@ -859,11 +878,27 @@ fn sim_telemetry(node: NodeId, a: &Agent, now: DateTime<Utc>) -> Vec<GpuTelemetr
                 memory_used_mib: Some((total as f64 * mem.min(0.95)) as u64),
                 memory_total_mib: Some(total),
                 gr_engine_active: Some((drive * 0.92 * 1000.0).round() / 1000.0),
+                tensor_active: Some((drive * 0.55 * 1000.0).round() / 1000.0),
                 ..GpuTelemetry::default()
             });
         }
     }
     out
+}
+
+/// A busy GPU's SM clock, MHz (the board's boost clock).
+fn boost_mhz(model: spotplane_core::GpuModel) -> u32 {
+    use spotplane_core::GpuModel as M;
+    match model {
+        M::H100_80GB | M::H200_141GB | M::B200_180GB => 1980,
+        M::A100_40GB | M::A100_80GB => 1410,
+        M::L40S => 2520,
+        M::L4 => 2040,
+        M::A10G | M::A10 => 1695,
+        M::T4 => 1590,
+        M::V100_16GB | M::V100_32GB => 1530,
+        _ => 1500,
+    }
 }
 
 /// Which of a GPU's instances of `inst`'s profile it is, in placement order (the simulated

@@ -32,8 +32,9 @@ pub struct Held {
 ///
 /// A GPU's own row goes to the replicas holding it whole or a share of it. A MIG device's row
 /// goes to the replica holding that instance: found by the device's UUID in the agent's
-/// inventory (which gives the instance's placement), else by profile when one replica holds an
-/// instance of that profile on the GPU. A row that matches nobody is an idle device.
+/// inventory (which gives the instance's placement), else by profile when the GPU has one
+/// device of that profile and one replica holds an instance of it there. A row that matches
+/// nobody is an idle device (or one that cannot be told apart: it keeps no job labels).
 pub fn attribute(
     rows: &[GpuTelemetry],
     inventory: &[GpuInfo],
@@ -64,6 +65,16 @@ pub fn attribute(
             let Some(profile) = row.mig_profile.as_deref() else {
                 return Vec::new();
             };
+            // By profile only when that is unambiguous both ways: one device of the profile
+            // on the GPU, and one replica holding an instance of it there.
+            let devices = rows
+                .iter()
+                .filter(|r| {
+                    r.index == row.index
+                        && r.mig_uuid.is_some()
+                        && r.mig_profile.as_deref() == Some(profile)
+                })
+                .count();
             let same: Vec<usize> = (0..held.len())
                 .filter(on_gpu)
                 .filter(|i| {
@@ -72,7 +83,11 @@ pub fn attribute(
                     })
                 })
                 .collect();
-            if same.len() == 1 { same } else { Vec::new() }
+            if devices == 1 && same.len() == 1 {
+                same
+            } else {
+                Vec::new()
+            }
         })
         .collect()
 }
@@ -207,6 +222,17 @@ mod tests {
         let rows = vec![mig_row(0, "MIG-x", "1g.10gb")];
         let got = attribute(&rows, &[], Some(GpuModel::H100_80GB), &held);
         assert_eq!(got, vec![Vec::<usize>::new()]);
+        // One replica holds one of GPU 0's two 1g.10gb devices: which, cannot be told either.
+        let held = vec![Held {
+            gpus: vec![0],
+            mig: mig(MigClass::G1, 0),
+        }];
+        let rows = vec![
+            mig_row(0, "MIG-x", "1g.10gb"),
+            mig_row(0, "MIG-y", "1g.10gb"),
+        ];
+        let got = attribute(&rows, &[], Some(GpuModel::H100_80GB), &held);
+        assert_eq!(got, vec![Vec::<usize>::new(), Vec::new()]);
     }
 
     #[test]

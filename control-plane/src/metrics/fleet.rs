@@ -446,7 +446,7 @@ fn plumbing(registry: &mut Registry, state: &FleetState<'_>) {
 }
 
 /// The names of the DCGM fields exported, with their help (dcgm-exporter's).
-const DCGM_HELP: [(&str, &str); 11] = [
+const DCGM_HELP: [(&str, &str); 13] = [
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %)."),
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
@@ -465,6 +465,11 @@ const DCGM_HELP: [(&str, &str); 11] = [
     (
         "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
         "Total number of double-bit persistent ECC errors.",
+    ),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
     ),
     (
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE",

@@ -32,7 +32,10 @@ pub struct CycleReport {
     pub queued: usize,
     pub running: usize,
     pub admitted: usize,
+    /// Jobs preempted, in all; of them, for a team reclaiming its nominal quota (the rest
+    /// for a higher-priority job of the same team).
     pub preempted: usize,
+    pub preempted_for_reclaim: usize,
     pub relayouts: usize,
     pub waiting: usize,
     /// Decisions dropped because the job or node changed since the snapshot.
@@ -56,7 +59,11 @@ impl Report for CycleReport {
     fn events(&self) -> Vec<(&'static str, u64)> {
         vec![
             ("admitted", self.admitted as u64),
-            ("preempted_for_priority", self.preempted as u64),
+            (
+                "preempted_for_priority",
+                self.preempted.saturating_sub(self.preempted_for_reclaim) as u64,
+            ),
+            ("preempted_for_reclaim", self.preempted_for_reclaim as u64),
             ("mig_relayouts", self.relayouts as u64),
         ]
     }
@@ -192,7 +199,12 @@ impl SchedulerLoop {
                 .preempt_job(p.victim, p.for_job, p.reason, now)
                 .await
             {
-                Ok(()) => report.preempted += 1,
+                Ok(()) => {
+                    report.preempted += 1;
+                    if p.reason == crate::scheduler::PreemptionReason::Reclaim {
+                        report.preempted_for_reclaim += 1;
+                    }
+                }
                 Err(StoreError::Conflict(why) | StoreError::NotFound(why)) => {
                     tracing::debug!(job = %p.victim, %why, "preemption dropped");
                     report.stale += 1;

@@ -479,7 +479,8 @@ async fn interrupted_for<C: ConnectionTrait>(
         return Ok(None);
     };
     let stop = match requeue.from_state.as_deref() {
-        Some("draining") => latest("job.draining").await?.filter(|e| {
+        // Drained (and checkpointed) for a notice.
+        Some("draining" | "checkpointed") => latest("job.draining").await?.filter(|e| {
             e.reason
                 .as_deref()
                 .is_some_and(|r| r.starts_with(crate::recovery::CLOUD_DRAIN_REASON))

@@ -180,6 +180,11 @@ pub struct Store {
 impl Store {
     /// Opens the database the configuration names (creating a SQLite file and its folder).
     /// Does not migrate; call [`Store::migrate`].
+    /// The metrics its operations are recorded in (the process's).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     pub async fn connect(cfg: &DatabaseConfig, metrics: Metrics) -> Result<Store, StoreError> {
         match cfg.kind().map_err(StoreError::Connect)? {
             DatabaseKind::Sqlite(path) => {
