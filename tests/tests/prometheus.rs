@@ -187,10 +187,7 @@ fn openmetrics_to_text(om: &str) -> String {
         // A sample: without its exemplar, and without the `_created` series OpenMetrics adds to
         // counters and histograms (the text format has none).
         let sample = line.split(" # ").next().unwrap_or(line);
-        let name = sample
-            .split(|c: char| c == '{' || c == ' ')
-            .next()
-            .unwrap_or("");
+        let name = sample.split(['{', ' ']).next().unwrap_or("");
         if let Some(base) = name.strip_suffix("_created")
             && families.get(base).is_some_and(|f| {
                 matches!(f.0, "counter" | "histogram" | "summary" | "gaugehistogram")

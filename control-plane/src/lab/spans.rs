@@ -161,7 +161,7 @@ async fn spans_carry_the_job_node_and_attempt_from_the_api_to_the_agents_command
     assert!(
         calls.iter().any(|c| c.parent == Some("buy")
             && c.fields.get("op").map(String::as_str) == Some("provision")
-            && c.fields.get("node_id").is_some()
+            && c.fields.contains_key("node_id")
             && c.fields.get("node_id") == c.parent_fields.get("node_id")),
         "{calls:?}"
     );
