@@ -431,3 +431,28 @@ pub fn container_exists(name: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success())
 }
+
+/// `spotplane demo` on a free port in `dir`, its world at 3600×, once it answers `/healthz`:
+/// the process, its URL and the admin token it wrote to `data/demo/admin-token`.
+pub async fn live_demo(dir: &Path) -> (Proc, String, String) {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut cmd = Command::new(bin("spotplane"));
+    cmd.current_dir(dir)
+        .env_remove("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN")
+        .env("SPOTPLANE_LOG__LEVEL", "warn")
+        .args([
+            "demo",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--speed",
+            "3600",
+        ]);
+    let mut demo = Proc::spawn(cmd, dir.join("demo.log"));
+    demo.wait_healthy(&format!("{url}/healthz")).await;
+    let token = std::fs::read_to_string(dir.join("data/demo/admin-token"))
+        .expect("the demo writes its admin token")
+        .trim()
+        .to_owned();
+    (demo, url, token)
+}

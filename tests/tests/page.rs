@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use spotplane_tests::{Proc, bin, free_port};
+use spotplane_tests::live_demo;
 
 fn chromium() -> Option<PathBuf> {
     for name in ["chromium", "chromium-browser", "google-chrome"] {
@@ -110,25 +110,7 @@ fn series_points(markup: &str) -> Vec<usize> {
 async fn the_live_page_draws_nodes_slices_and_jobs_in_headless_chromium() {
     let Some(browser) = chromium() else { return };
     let dir = tempfile::tempdir().expect("tmp");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut cmd = Command::new(bin("spotplane"));
-    cmd.current_dir(dir.path())
-        .env_remove("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN")
-        .env("SPOTPLANE_LOG__LEVEL", "warn")
-        .args([
-            "demo",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--speed",
-            "3600",
-        ]);
-    let mut demo = Proc::spawn(cmd, dir.path().join("demo.log"));
-    demo.wait_healthy(&format!("{url}/healthz")).await;
-    let token = std::fs::read_to_string(dir.path().join("data/demo/admin-token"))
-        .expect("admin token")
-        .trim()
-        .to_owned();
+    let (mut demo, url, token) = live_demo(dir.path()).await;
     // Wait for the world to have running jobs on nodes.
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(120);

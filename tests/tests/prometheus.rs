@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use spotplane_tests::{Proc, bin, free_port, repo_root, tail};
+use spotplane_tests::{Proc, free_port, live_demo, repo_root, tail};
 
 /// How long the expressions get to return data once Prometheus scrapes: the recovery families
 /// (notices, checkpoints, lost work) only get series once the demo's world has preempted spot
@@ -380,27 +380,26 @@ async fn prometheus_scrapes_the_demo_and_every_dashboard_expression_returns_data
 
     // 1. The demo, as a user starts it.
     let dir = tempfile::tempdir().expect("tmp");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut cmd = Command::new(bin("spotplane"));
-    cmd.current_dir(dir.path())
-        .env_remove("SPOTPLANE_BOOTSTRAP_ADMIN_TOKEN")
-        .env("SPOTPLANE_LOG__LEVEL", "warn")
-        .args([
-            "demo",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--speed",
-            "3600",
-        ]);
-    let mut demo = Proc::spawn(cmd, dir.path().join("demo.log"));
-    demo.wait_healthy(&format!("{url}/healthz")).await;
+    let (mut demo, url, token) = live_demo(dir.path()).await;
+    let target = url.trim_start_matches("http://").to_owned();
     let token_file = dir.path().join("data/demo/admin-token");
-    let token = std::fs::read_to_string(&token_file)
-        .expect("admin token")
-        .trim()
-        .to_owned();
     let http = reqwest::Client::new();
+
+    // The demo answers before its world has made its teams.
+    let made = Instant::now() + Duration::from_secs(60);
+    while http
+        .get(format!("{url}/v1/teams/vision"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .map_or(true, |r| r.status() != 200)
+    {
+        assert!(
+            Instant::now() < made,
+            "the demo made no team vision in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // 2. What the demo's world does not set up itself. Its teams have neither quotas nor
     //    budgets, and the team panels show only teams with them; its queue empties within
@@ -455,7 +454,7 @@ async fn prometheus_scrapes_the_demo_and_every_dashboard_expression_returns_data
         format!(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
              scrape_configs:\n  - job_name: spotplane\n    authorization:\n      credentials_file: {}\n    \
-             static_configs:\n      - targets: [\"127.0.0.1:{port}\"]\n",
+             static_configs:\n      - targets: [\"{target}\"]\n",
             token_file.display()
         ),
     )

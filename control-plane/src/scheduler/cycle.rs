@@ -167,6 +167,20 @@ pub fn schedule(
 /// and, per flavour it has a quota on, nominal quota, usage and borrowed amount (see
 /// [`Accounts::quota_standing`]). Pure, like [`schedule`]; for the metrics.
 pub fn team_standing(snap: &Snapshot) -> Vec<TeamStanding> {
+    let (gpu_capacity, cpu_capacity) = capacity_of(snap);
+    let mut accounts = Accounts::new(&snap.teams, gpu_capacity, cpu_capacity);
+    charge_running(&mut accounts, snap);
+    (0..accounts.teams.len())
+        .map(|i| TeamStanding {
+            team: accounts.teams[i].name.clone(),
+            dominant_share: accounts.dominant_share(i),
+            quotas: accounts.quota_standing(i),
+        })
+        .collect()
+}
+
+/// Schedulable capacity: milli-GPUs per model, and CPU.
+fn capacity_of(snap: &Snapshot) -> (FxHashMap<GpuModel, u64>, u64) {
     let mut gpu_capacity: FxHashMap<GpuModel, u64> = FxHashMap::default();
     let mut cpu_capacity = 0;
     for n in &snap.nodes {
@@ -176,7 +190,11 @@ pub fn team_standing(snap: &Snapshot) -> Vec<TeamStanding> {
         }
         cpu_capacity += n.cpu_milli;
     }
-    let mut accounts = Accounts::new(&snap.teams, gpu_capacity, cpu_capacity);
+    (gpu_capacity, cpu_capacity)
+}
+
+/// Charges each team with what its running jobs hold.
+fn charge_running(accounts: &mut Accounts, snap: &Snapshot) {
     let model_of: FxHashMap<spotplane_core::NodeId, Option<GpuModel>> =
         snap.nodes.iter().map(|n| (n.id, n.gpu_model)).collect();
     for job in &snap.running {
@@ -192,13 +210,6 @@ pub fn team_standing(snap: &Snapshot) -> Vec<TeamStanding> {
             );
         }
     }
-    (0..accounts.teams.len())
-        .map(|i| TeamStanding {
-            team: accounts.teams[i].name.clone(),
-            dominant_share: accounts.dominant_share(i),
-            quotas: accounts.quota_standing(i),
-        })
-        .collect()
 }
 
 /// One team's standing (see [`team_standing`]).
@@ -218,15 +229,7 @@ pub(super) fn schedule_with(
     now: DateTime<Utc>,
     parallel: bool,
 ) -> Decisions {
-    let mut gpu_capacity: FxHashMap<GpuModel, u64> = FxHashMap::default();
-    let mut cpu_capacity = 0;
-    for n in &snap.nodes {
-        if let Some(m) = n.gpu_model {
-            *gpu_capacity.entry(m).or_insert(0) +=
-                n.gpus.len() as u64 * u64::from(packing::GPU_MILLI);
-        }
-        cpu_capacity += n.cpu_milli;
-    }
+    let (gpu_capacity, cpu_capacity) = capacity_of(snap);
     // 2. Accounts.
     let accounts = Accounts::new(&snap.teams, gpu_capacity, cpu_capacity);
     // 3. (on a second core, while the state is built) Per-team queues, best first.
@@ -337,21 +340,7 @@ fn quota_models<'s>(
 /// GPU). Pure, like [`schedule`].
 pub fn quota_models_of_queued(snap: &Snapshot) -> FxHashMap<JobId, Vec<GpuModel>> {
     let mut accounts = Accounts::new(&snap.teams, FxHashMap::default(), 0);
-    let model_of: FxHashMap<spotplane_core::NodeId, Option<GpuModel>> =
-        snap.nodes.iter().map(|n| (n.id, n.gpu_model)).collect();
-    for job in &snap.running {
-        let team = accounts.team(&job.team);
-        for p in &job.placements {
-            let model = model_of.get(&p.node).copied().flatten();
-            accounts.charge(
-                team,
-                &job.shape.gpu,
-                model,
-                u64::from(job.shape.cpu_milli),
-                1,
-            );
-        }
-    }
+    charge_running(&mut accounts, snap);
     let mut out = FxHashMap::default();
     for job in &snap.queued {
         let shape = &job.shape.gpu;
