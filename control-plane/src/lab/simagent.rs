@@ -805,43 +805,49 @@ fn sim_telemetry(node: NodeId, a: &Agent, now: DateTime<Utc>) -> Vec<GpuTelemetr
     for g in &a.gpus {
         let uuid = format!("GPU-{}", new_uuid_from(node, g.index));
         let (held, driven, mem) = load.get(&g.index).copied().unwrap_or_default();
-        let util = if g.mig_enabled {
-            // The parent of MIG devices: its busy instances' compute share.
-            let mut busy = 0.0;
-            for inst in g.mig_layout.instances() {
+        // Each MIG instance: its profile, how hard its replica drives it, its memory size and
+        // how much of it is used.
+        let instances: Vec<(&spotplane_core::MigInstance, &str, f64, u64, u64)> = g
+            .mig_layout
+            .instances()
+            .iter()
+            .map(|inst| {
                 let name = spotplane_core::mig::profile_name(g.model, inst.class).unwrap_or("");
-                if let Some(v) = mig_busy.get(&(g.index, name.to_owned()))
-                    && let Some((drive, _)) = v.get(mig_rank(g, inst))
-                {
-                    busy += drive * f64::from(inst.class.compute_slices()) / 7.0;
-                }
-            }
-            busy
+                let (drive, mem) = mig_busy
+                    .get(&(g.index, name.to_owned()))
+                    .and_then(|v| v.get(mig_rank(g, inst)).copied())
+                    .unwrap_or_default();
+                let size = spotplane_core::mig::usable_memory_mib(g.model, inst.class)
+                    .map_or(0, u64::from);
+                (
+                    inst,
+                    name,
+                    drive,
+                    size,
+                    (size as f64 * mem.min(0.95)) as u64,
+                )
+            })
+            .collect();
+        let (util, used) = if g.mig_enabled {
+            // The parent of MIG devices: its instances' compute share and memory.
+            (
+                instances
+                    .iter()
+                    .map(|(inst, _, drive, _, _)| {
+                        drive * f64::from(inst.class.compute_slices()) / 7.0
+                    })
+                    .sum(),
+                instances.iter().map(|i| i.4).sum(),
+            )
+        } else if held > 0.0 {
+            (
+                driven.min(1.0),
+                (g.memory_mib as f64 * mem.min(0.95)) as u64,
+            )
         } else {
-            driven.min(1.0)
+            (driven.min(1.0), 0)
         };
         let total = g.memory_mib;
-        let used = if g.mig_enabled {
-            // A MIG GPU's memory in use is its instances'.
-            g.mig_layout
-                .instances()
-                .iter()
-                .map(|inst| {
-                    let name = spotplane_core::mig::profile_name(g.model, inst.class).unwrap_or("");
-                    let (_, mem) = mig_busy
-                        .get(&(g.index, name.to_owned()))
-                        .and_then(|v| v.get(mig_rank(g, inst)).copied())
-                        .unwrap_or_default();
-                    let size = spotplane_core::mig::usable_memory_mib(g.model, inst.class)
-                        .map_or(0, u64::from);
-                    (size as f64 * mem.min(0.95)) as u64
-                })
-                .sum()
-        } else if held > 0.0 {
-            (total as f64 * mem.min(0.95)) as u64
-        } else {
-            0
-        };
         let limit = f64::from(g.model.power_limit_w());
         out.push(GpuTelemetry {
             index: g.index,
@@ -857,14 +863,7 @@ fn sim_telemetry(node: NodeId, a: &Agent, now: DateTime<Utc>) -> Vec<GpuTelemetr
             tensor_active: Some((util * 0.55 * 1000.0).round() / 1000.0),
             ..GpuTelemetry::default()
         });
-        for inst in g.mig_layout.instances() {
-            let name = spotplane_core::mig::profile_name(g.model, inst.class).unwrap_or("");
-            let (drive, mem) = mig_busy
-                .get(&(g.index, name.to_owned()))
-                .and_then(|v| v.get(mig_rank(g, inst)).copied())
-                .unwrap_or_default();
-            let total =
-                spotplane_core::mig::usable_memory_mib(g.model, inst.class).map_or(0, u64::from);
+        for &(inst, name, drive, total, used) in &instances {
             out.push(GpuTelemetry {
                 index: g.index,
                 uuid: Some(uuid.clone()),
@@ -875,7 +874,7 @@ fn sim_telemetry(node: NodeId, a: &Agent, now: DateTime<Utc>) -> Vec<GpuTelemetr
                 mig_profile: Some(name.to_owned()),
                 // The driver numbers GPU instances; the simulation numbers them by placement.
                 gpu_instance_id: Some(u32::from(inst.start) + 1),
-                memory_used_mib: Some((total as f64 * mem.min(0.95)) as u64),
+                memory_used_mib: Some(used),
                 memory_total_mib: Some(total),
                 gr_engine_active: Some((drive * 0.92 * 1000.0).round() / 1000.0),
                 tensor_active: Some((drive * 0.55 * 1000.0).round() / 1000.0),

@@ -113,6 +113,15 @@ pub struct FleetState<'a> {
     pub budgets: &'a [BudgetUse],
 }
 
+impl FleetState<'_> {
+    /// Seconds from `t` to now (0 without a time, or for one in the future).
+    fn age(&self, t: Option<DateTime<Utc>>) -> f64 {
+        t.map_or(0.0, |t| {
+            (self.now - t).num_milliseconds().max(0) as f64 / 1000.0
+        })
+    }
+}
+
 /// Node states whose instance exists and is billed.
 const BILLED: [NodeState; 4] = [
     NodeState::Booting,
@@ -255,9 +264,7 @@ pub fn fleet_registry(state: &FleetState<'_>) -> (Registry, FleetSummary) {
             reason,
         };
         queue.get_or_create(&labels).inc();
-        let waited = state.view.queued_since.get(&q.id).map_or(0.0, |t| {
-            (state.now - *t).num_milliseconds().max(0) as f64 / 1000.0
-        });
+        let waited = state.age(state.view.queued_since.get(&q.id).copied());
         let g = oldest.get_or_create(&labels);
         if waited > g.get() {
             g.set(waited);
@@ -424,11 +431,7 @@ fn plumbing(registry: &mut Registry, state: &FleetState<'_>) {
         "Webhook deliveries waiting to go out (new or retrying)",
         pending,
     );
-    let age = |t: Option<DateTime<Utc>>| {
-        t.map_or(0.0, |t| {
-            (state.now - t).num_milliseconds().max(0) as f64 / 1000.0
-        })
-    };
+    let age = |t| state.age(t);
     let lag = FloatGauge::default();
     lag.set(age(v.oldest_pending_delivery));
     registry.register(

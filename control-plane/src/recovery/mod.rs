@@ -53,6 +53,11 @@ mod tests;
 /// tell a cloud's interruption from spotplane's own drains).
 pub const CLOUD_DRAIN_REASON: &str = "a node of the job is being taken";
 
+/// Whether a job's drain reason says a cloud's notice caused it.
+pub fn is_cloud_drain(reason: Option<&str>) -> bool {
+    reason.is_some_and(|r| r.starts_with(CLOUD_DRAIN_REASON))
+}
+
 /// The durable checkpoint a replica resumes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResumePoint {

@@ -18,7 +18,7 @@ use spotplane_core::{JobId, Market, Micros, MigInstance, NodeState};
 
 use super::entity::{
     allocation, checkpoint, cursor, gpu, job, job_event, ledger_entry, ledger_progress, node,
-    outbox, price_point, team, team_budget,
+    outbox, price_point, team_budget,
 };
 use super::{Store, StoreError, from_json, parse_col};
 use crate::finance::LedgerEntry;
@@ -589,14 +589,7 @@ impl Store {
                     nodes.insert(n.id.clone(), n);
                 }
             }
-            let teams: HashMap<String, String> = team::Entity::find()
-                .select_only()
-                .columns([team::Column::Id, team::Column::Name])
-                .into_tuple::<(String, String)>()
-                .all(&self.read)
-                .await?
-                .into_iter()
-                .collect();
+            let teams = super::teams::team_names(&self.read).await?;
             let mut out = Vec::with_capacity(rows.len());
             for r in rows {
                 let id = r.id.to_string();
@@ -680,14 +673,7 @@ impl Store {
     /// Every team budget.
     pub async fn team_budgets(&self) -> Result<Vec<TeamBudget>, StoreError> {
         self.measured("team_budgets", || async {
-            let names: HashMap<String, String> = team::Entity::find()
-                .select_only()
-                .columns([team::Column::Id, team::Column::Name])
-                .into_tuple::<(String, String)>()
-                .all(&self.read)
-                .await?
-                .into_iter()
-                .collect();
+            let names = super::teams::team_names(&self.read).await?;
             let mut out = Vec::new();
             for b in team_budget::Entity::find().all(&self.read).await? {
                 let Some(name) = names.get(&b.team_id) else {

@@ -480,11 +480,9 @@ async fn interrupted_for<C: ConnectionTrait>(
     };
     let stop = match requeue.from_state.as_deref() {
         // Drained (and checkpointed) for a notice.
-        Some("draining" | "checkpointed") => latest("job.draining").await?.filter(|e| {
-            e.reason
-                .as_deref()
-                .is_some_and(|r| r.starts_with(crate::recovery::CLOUD_DRAIN_REASON))
-        }),
+        Some("draining" | "checkpointed") => latest("job.draining")
+            .await?
+            .filter(|e| crate::recovery::is_cloud_drain(e.reason.as_deref())),
         Some("lost") => latest("job.lost").await?,
         _ => None,
     };

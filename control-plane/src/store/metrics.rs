@@ -9,9 +9,7 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 use spotplane_core::agent::{GpuInfo, GpuTelemetry};
 use spotplane_core::{GpuModel, JobId, JobState, NodeState};
 
-use super::entity::{
-    allocation, gpu, job, ledger_progress, node, node_agent, team, webhook_delivery,
-};
+use super::entity::{allocation, gpu, job, ledger_progress, node, node_agent, webhook_delivery};
 use super::{Store, StoreError, from_json, parse_col};
 use crate::metrics::dcgm::Held;
 
@@ -51,17 +49,22 @@ pub struct MetricsView {
     pub telemetry: Vec<NodeTelemetry>,
 }
 
+/// The devices an allocation holds.
+pub(crate) fn held_of(a: &allocation::Model) -> Result<Held, StoreError> {
+    Ok(Held {
+        gpus: from_json("allocations", &a.id, a.gpu_indices.clone())?,
+        mig: a
+            .mig
+            .clone()
+            .map(|m| from_json("allocations", &a.id, m))
+            .transpose()?,
+    })
+}
+
 impl Store {
     pub async fn metrics_view(&self) -> Result<MetricsView, StoreError> {
         self.measured("metrics_view", || async {
-            let teams: HashMap<String, String> = team::Entity::find()
-                .select_only()
-                .columns([team::Column::Id, team::Column::Name])
-                .into_tuple::<(String, String)>()
-                .all(&self.read)
-                .await?
-                .into_iter()
-                .collect();
+            let teams = super::teams::team_names(&self.read).await?;
             let mut view = MetricsView::default();
             let queued: Vec<(String, DateTime<Utc>)> = job::Entity::find()
                 .select_only()
@@ -164,21 +167,16 @@ impl Store {
         }
         let mut holders: HashMap<String, Vec<Holder>> = HashMap::new();
         for a in allocations {
-            let gpus: Vec<u32> = from_json("allocations", &a.id, a.gpu_indices.clone())?;
-            if gpus.is_empty() {
+            let held = held_of(&a)?;
+            if held.gpus.is_empty() {
                 continue;
             }
-            let mig = a
-                .mig
-                .clone()
-                .map(|m| from_json("allocations", &a.id, m))
-                .transpose()?;
             let (job_name, team) = jobs.get(&a.job_id).cloned().unwrap_or_default();
             holders.entry(a.node_id.clone()).or_default().push(Holder {
                 job_id: a.job_id,
                 job_name,
                 team,
-                held: Held { gpus, mig },
+                held,
             });
         }
         let agents = node_agent::Entity::find()

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
-    TransactionTrait,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set, TransactionTrait,
 };
 use spotplane_core::TeamName;
 use spotplane_core::team::{Quota, QuotaResource};
@@ -41,6 +41,20 @@ pub(crate) fn team_from_row(row: team::Model) -> Result<Team, StoreError> {
         updated_at: row.updated_at,
         id: row.id,
     })
+}
+
+/// Every team's name, by id.
+pub(crate) async fn team_names<C: ConnectionTrait>(
+    conn: &C,
+) -> Result<std::collections::HashMap<String, String>, StoreError> {
+    Ok(team::Entity::find()
+        .select_only()
+        .columns([team::Column::Id, team::Column::Name])
+        .into_tuple::<(String, String)>()
+        .all(conn)
+        .await?
+        .into_iter()
+        .collect())
 }
 
 impl Store {

@@ -273,14 +273,7 @@ impl Store {
             if let Some(after) = page.after {
                 q = q.filter(webhook_subscription::Column::Id.lt(after.to_string()));
             }
-            let names: HashMap<String, String> = team::Entity::find()
-                .select_only()
-                .columns([team::Column::Id, team::Column::Name])
-                .into_tuple::<(String, String)>()
-                .all(&self.read)
-                .await?
-                .into_iter()
-                .collect();
+            let names = super::teams::team_names(&self.read).await?;
             let (rows, next_cursor) = page.cut(q.all(&self.read).await?, |r| r.id.clone());
             let items = rows
                 .into_iter()

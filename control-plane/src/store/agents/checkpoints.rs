@@ -208,12 +208,7 @@ pub(super) async fn record_checkpoint_in<C: ConnectionTrait>(
         (CheckpointOutcome::Durable, CheckpointTrigger::Notice) => Some(seconds(report.started_at)),
         (CheckpointOutcome::Durable, CheckpointTrigger::Drain) => job_row
             .drain_started_at
-            .filter(|_| {
-                job_row
-                    .state_reason
-                    .as_deref()
-                    .is_some_and(|r| r.starts_with(crate::recovery::CLOUD_DRAIN_REASON))
-            })
+            .filter(|_| crate::recovery::is_cloud_drain(job_row.state_reason.as_deref()))
             .map(seconds),
         _ => None,
     };

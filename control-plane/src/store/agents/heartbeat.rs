@@ -125,7 +125,7 @@ async fn record_utilisation<C: ConnectionTrait>(
     agent: &node_agent::Model,
     rows: &[GpuTelemetry],
 ) -> Result<(), StoreError> {
-    use crate::metrics::dcgm::{Held, attribute, replica_reading};
+    use crate::metrics::dcgm::{attribute, replica_reading};
     let live = allocation::Entity::find()
         .filter(allocation::Column::NodeId.eq(node_id.to_string()))
         .filter(allocation::Column::ReleasedAt.is_null())
@@ -142,16 +142,10 @@ async fn record_utilisation<C: ConnectionTrait>(
     // An inventory that does not parse only costs the UUID match.
     let inventory: Vec<GpuInfo> =
         serde_json::from_value(agent.inventory.clone()).unwrap_or_default();
-    let mut held = Vec::with_capacity(live.len());
-    for a in &live {
-        let gpus: Vec<u32> = from_json("allocations", &a.id, a.gpu_indices.clone())?;
-        let mig = a
-            .mig
-            .clone()
-            .map(|m| from_json("allocations", &a.id, m))
-            .transpose()?;
-        held.push(Held { gpus, mig });
-    }
+    let held = live
+        .iter()
+        .map(crate::store::metrics::held_of)
+        .collect::<Result<Vec<_>, _>>()?;
     let owners = attribute(rows, &inventory, model, &held);
     let mut per: Vec<Vec<&GpuTelemetry>> = vec![Vec::new(); live.len()];
     for (row, who) in rows.iter().zip(&owners) {
