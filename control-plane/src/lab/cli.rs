@@ -207,9 +207,10 @@ pub struct PackArgs {
 #[derive(Debug, Args)]
 pub struct DeadlineArgs {
     /// A Can't Be Late trace (`shared/data/spot/cant-be-late/.../*.json`); the job starts at
-    /// its first tick.
-    #[arg(long)]
-    pub trace: PathBuf,
+    /// its first tick. Repeat for a job that may move between pools (zones, regions, clouds):
+    /// the traces are ticked on one clock and must have the same tick length.
+    #[arg(long, required = true)]
+    pub trace: Vec<PathBuf>,
     /// Hours of compute the job needs (rounded up to whole ticks).
     #[arg(long)]
     pub work_hours: f64,
@@ -220,14 +221,23 @@ pub struct DeadlineArgs {
     /// price (rounded up to whole ticks).
     #[arg(long)]
     pub restart_hours: f64,
-    /// Spot USD per hour, or `trace` for the file's own per-tick prices.
+    /// With several traces: hours of moving the checkpoint to another pool, paid (besides the
+    /// restart) by a spot start away from the checkpoint, billed like the restart.
     #[arg(long)]
-    pub spot_price: crate::lab::deadline::SpotPrice,
+    pub migrate_hours: Option<f64>,
+    /// Spot USD per hour, or `trace` for the file's own per-tick prices.
+    #[arg(long, required_unless_present = "spot_price_per_trace")]
+    pub spot_price: Option<crate::lab::deadline::SpotPrice>,
+    /// With several traces: one spot price per trace, in their order (USD per hour or
+    /// `trace`), separated by commas.
+    #[arg(long, value_delimiter = ',', conflicts_with = "spot_price")]
+    pub spot_price_per_trace: Option<Vec<crate::lab::deadline::SpotPrice>>,
     /// On-demand USD per hour.
     #[arg(long)]
     pub ondemand_price: f64,
     /// on-demand, greedy, uniform-progress, spotplane, optimal, or all (every policy on the
-    /// same trace); repeat or separate with commas for several.
+    /// same trace); with several traces on-demand, uniform-progress (on the first pool),
+    /// uniform-progress-rr, spotplane, optimal or all. Repeat or separate with commas.
     #[arg(long, value_delimiter = ',', default_value = "all")]
     pub policy: Vec<String>,
     /// One JSON object per line per policy.

@@ -367,26 +367,34 @@ struct DeadlineLine<'a> {
 /// `spotplane bench deadline`: loads the trace, runs each policy on it (pure computation),
 /// and times each run here, around the core.
 pub fn bench_deadline(args: &DeadlineArgs) -> anyhow::Result<()> {
+    let prices = match (&args.spot_price, &args.spot_price_per_trace) {
+        (Some(p), None) => vec![*p],
+        (None, Some(list)) => list.clone(),
+        _ => anyhow::bail!("give --spot-price, or --spot-price-per-trace with several traces"),
+    };
+    let [path] = args.trace.as_slice() else {
+        return bench_deadline_pools(args, &prices);
+    };
+    if args.migrate_hours.is_some() || args.spot_price_per_trace.is_some() {
+        anyhow::bail!("--migrate-hours and --spot-price-per-trace need more than one --trace");
+    }
     let names = deadline::PolicyName::parse_list(&args.policy).map_err(anyhow::Error::msg)?;
-    let trace = deadline::trace::load(&args.trace)?;
+    let trace = deadline::trace::load(path)?;
     let params = deadline::Params {
         work_hours: args.work_hours,
         deadline_hours: args.deadline_hours,
         restart_hours: args.restart_hours,
-        spot_price: args.spot_price,
+        spot_price: prices[0],
         on_demand_price: args.ondemand_price,
     };
-    let model = deadline::Model::new(&trace, &params)
-        .with_context(|| format!("{}", args.trace.display()))?;
-    let spot_price = match args.spot_price {
-        deadline::SpotPrice::Fixed(s) => serde_json::json!(s),
-        deadline::SpotPrice::Trace => serde_json::json!("trace"),
-    };
+    let model =
+        deadline::Model::new(&trace, &params).with_context(|| format!("{}", path.display()))?;
+    let spot_price = price_json(prices[0]);
     if !args.json {
         println!(
             "{}: {} ticks of {} s ({:.1} h); in ticks: work {}, deadline {}, restart {} \
              (work and restart rounded up, deadline down){}",
-            args.trace.display(),
+            path.display(),
             trace.available.len(),
             trace.gap_seconds,
             trace.hours(),
@@ -410,7 +418,7 @@ pub fn bench_deadline(args: &DeadlineArgs) -> anyhow::Result<()> {
         if args.json {
             let line = DeadlineLine {
                 report: &report,
-                trace: args.trace.display().to_string(),
+                trace: path.display().to_string(),
                 work_hours: args.work_hours,
                 deadline_hours: args.deadline_hours,
                 restart_hours: args.restart_hours,
@@ -425,6 +433,112 @@ pub fn bench_deadline(args: &DeadlineArgs) -> anyhow::Result<()> {
     }
     if !args.json {
         print!("{}", deadline::format_table(&reports));
+        let times: Vec<String> = reports
+            .iter()
+            .zip(&times)
+            .map(|(r, ms)| format!("{} {ms:.1} ms", r.policy))
+            .collect();
+        println!("time: {}", times.join(", "));
+    }
+    Ok(())
+}
+
+fn price_json(p: deadline::SpotPrice) -> Value {
+    match p {
+        deadline::SpotPrice::Fixed(s) => serde_json::json!(s),
+        deadline::SpotPrice::Trace => serde_json::json!("trace"),
+    }
+}
+
+/// One line of `spotplane bench deadline --json` with several traces.
+#[derive(serde::Serialize)]
+struct PoolsLine<'a> {
+    #[serde(flatten)]
+    report: &'a deadline::pools::PoolsReport,
+    traces: Vec<String>,
+    work_hours: f64,
+    deadline_hours: f64,
+    restart_hours: f64,
+    migrate_hours: f64,
+    spot_prices: Vec<Value>,
+    ondemand_price: f64,
+    elapsed_ms: f64,
+}
+
+/// `spotplane bench deadline` with several traces: one job that may move between the pools.
+fn bench_deadline_pools(args: &DeadlineArgs, prices: &[deadline::SpotPrice]) -> anyhow::Result<()> {
+    use deadline::pools;
+    let Some(migrate_hours) = args.migrate_hours else {
+        anyhow::bail!("--migrate-hours is needed with more than one --trace (0 for free moves)");
+    };
+    let names = pools::PoolPolicyName::parse_list(&args.policy).map_err(anyhow::Error::msg)?;
+    let traces = args
+        .trace
+        .iter()
+        .map(|p| Ok((p.display().to_string(), deadline::trace::load(p)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let named: Vec<(&str, &deadline::Trace)> =
+        traces.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let params = deadline::Params {
+        work_hours: args.work_hours,
+        deadline_hours: args.deadline_hours,
+        restart_hours: args.restart_hours,
+        spot_price: prices[0],
+        on_demand_price: args.ondemand_price,
+    };
+    let model =
+        pools::PoolsModel::new(&named, &params, prices, migrate_hours).map_err(|e| match &e {
+            pools::PoolsError::Model { pool, .. } => {
+                anyhow::anyhow!("{}: {e}", traces[*pool].0)
+            }
+            _ => anyhow::Error::new(e),
+        })?;
+    if !args.json {
+        println!(
+            "{} pools, ticks of {} s; in ticks: work {}, deadline {}, restart {}, migrate {} \
+             (work, restart and migrate rounded up, deadline down){}",
+            model.pools.len(),
+            model.gap_seconds,
+            model.work,
+            model.deadline,
+            model.restart,
+            model.migrate,
+            if model.feasible() {
+                ""
+            } else {
+                "; infeasible: on-demand from the start misses the deadline"
+            }
+        );
+        for (i, (name, _)) in traces.iter().enumerate() {
+            println!("  pool {i}: {name}");
+        }
+    }
+    let mut reports = Vec::new();
+    let mut times = Vec::new();
+    for name in names {
+        let started = std::time::Instant::now();
+        let outcome = pools::run(&model, name);
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let report = pools::PoolsReport::new(&model, name, &outcome);
+        if args.json {
+            let line = PoolsLine {
+                report: &report,
+                traces: traces.iter().map(|(n, _)| n.clone()).collect(),
+                work_hours: args.work_hours,
+                deadline_hours: args.deadline_hours,
+                restart_hours: args.restart_hours,
+                migrate_hours,
+                spot_prices: prices.iter().map(|&p| price_json(p)).collect(),
+                ondemand_price: args.ondemand_price,
+                elapsed_ms,
+            };
+            println!("{}", serde_json::to_string(&line)?);
+        }
+        reports.push(report);
+        times.push(elapsed_ms);
+    }
+    if !args.json {
+        print!("{}", pools::format_table(&reports));
         let times: Vec<String> = reports
             .iter()
             .zip(&times)

@@ -54,6 +54,7 @@
 //! the rest of the fleet is emptied first when that pays ([`consolidate`], its own module).
 
 mod consolidate;
+pub mod deadline;
 mod pool;
 #[cfg(test)]
 mod tests;
@@ -99,6 +100,8 @@ pub struct PlannerSettings {
     pub spread_tolerance: f64,
     /// A ready node empty for this long is released.
     pub idle_grace: Duration,
+    /// Hours to move a checkpoint between regions when its size is unknown.
+    pub default_migrate_hours: f64,
     /// A node not ready after this long is released and its offer reported.
     pub boot_timeout: Duration,
     /// The most nodes the whole fleet may have (booting and ready); `None`: no cap.
@@ -115,6 +118,7 @@ impl Default for PlannerSettings {
             default_checkpoint_hours: 0.5,
             no_checkpoint_rework_hours: 4.0,
             spread_tolerance: 0.05,
+            default_migrate_hours: 0.1,
             idle_grace: Duration::minutes(5),
             boot_timeout: Duration::minutes(15),
             max_nodes: None,
@@ -145,6 +149,11 @@ pub struct Demand {
     pub checkpoint_hours: Option<f64>,
     /// Its restart cost in hours (boot + restore), when known.
     pub restart_hours: Option<f64>,
+    /// The region holding its latest checkpoint (where it last ran), once it has one: a start
+    /// elsewhere also moves the checkpoint ([`deadline`]).
+    pub location: Option<String>,
+    /// Hours to move that checkpoint to another region, when known (from its size).
+    pub migrate_hours: Option<f64>,
     /// The GPU models its team's quota lets the whole gang use
     /// ([`crate::scheduler::quota_models_of_queued`]); `None`: any model.
     pub models: Option<Vec<GpuModel>>,
@@ -562,6 +571,52 @@ fn take_booting(
 
 type Choice = (Offer, Vec<Offer>, f64, bool);
 
+/// The deadline model's costs for a demand with a deadline and an estimate of its work, over
+/// the spot offers it may use (their indices beside), or `None` without a deadline, an
+/// estimate or an on-demand offer to fall back on.
+fn deadline_choice(
+    now: DateTime<Utc>,
+    d: &Demand,
+    candidates: &[(usize, u32)],
+    input: &PlanInput,
+    index: &OfferIndex<'_>,
+    s: &PlannerSettings,
+) -> Option<(deadline::Choice, Vec<usize>)> {
+    let (deadline_at, work) = (d.deadline?, d.remaining_hours?);
+    let away = |o: &Offer| d.location.as_deref().is_some_and(|l| l != &*o.region);
+    let hourly = |i: usize, n: u32| input.offers[i].price.0 as f64 * f64::from(n);
+    // On-demand where the checkpoint is when there is one, else the cheapest.
+    let (od_hourly, od_moves) = candidates
+        .iter()
+        .filter(|(i, _)| input.offers[*i].market == Market::OnDemand)
+        .map(|&(i, n)| (hourly(i, n), away(&input.offers[i])))
+        .min_by(|a, b| a.1.cmp(&b.1).then(a.0.total_cmp(&b.0)))?;
+    let spots: Vec<usize> = candidates
+        .iter()
+        .filter(|(i, _)| input.offers[*i].market == Market::Spot)
+        .map(|(i, _)| *i)
+        .collect();
+    let options: Vec<deadline::SpotOption> = candidates
+        .iter()
+        .filter(|(i, _)| input.offers[*i].market == Market::Spot)
+        .map(|&(i, n)| deadline::SpotOption {
+            hourly: hourly(i, n),
+            rate: index.rates[i] * f64::from(n),
+            moves: away(&input.offers[i]),
+        })
+        .collect();
+    let job = deadline::DeadlineJob {
+        work_hours: work,
+        left_hours: (deadline_at - now).num_seconds() as f64 / 3600.0,
+        restart_hours: d.restart(s),
+        migrate_hours: d.migrate_hours.unwrap_or(s.default_migrate_hours),
+        rework_hours: d
+            .checkpoint_hours
+            .unwrap_or(work.min(s.no_checkpoint_rework_hours)),
+    };
+    Some((deadline::choose(&job, &options, od_hourly, od_moves), spots))
+}
+
 /// The best offer for a demand, the fallbacks after it, its expected hourly cost, and whether
 /// the deadline forced on-demand.
 fn choose(
@@ -605,15 +660,38 @@ fn choose(
         .map(|(i, _)| index.rates[*i])
         .fold(0.0_f64, f64::max);
     let max_nodes = within_price.iter().map(|(_, n)| *n).max().unwrap_or(1);
-    let forced = s.policy == PlanPolicy::ExpectedCost
-        && d.spot
-        && d.deadline_forces_on_demand(now, worst_rate, max_nodes, s);
+    // A deadline with an estimate of the work: the multi-pool model decides stay, move or
+    // on-demand ([`deadline`]); without an estimate, the slack rule alone.
+    let model = (s.policy == PlanPolicy::ExpectedCost && d.spot)
+        .then(|| deadline_choice(now, d, &within_price, input, index, s))
+        .flatten();
+    let forced = match &model {
+        Some((choice, _)) => choice.on_demand(),
+        None => {
+            s.policy == PlanPolicy::ExpectedCost
+                && d.spot
+                && d.deadline_forces_on_demand(now, worst_rate, max_nodes, s)
+        }
+    };
+    let model_cost = |i: usize| -> Option<f64> {
+        let (choice, spots) = model.as_ref()?;
+        let k = spots.iter().position(|&j| j == i)?;
+        choice.spot[k]
+    };
     let any_spot = within_price
         .iter()
         .any(|(i, _)| offer(*i).market == Market::Spot);
     let mut scored: Vec<(f64, u32, usize)> = within_price
         .into_iter()
         .filter(|(i, _)| match s.policy {
+            // With the deadline model: the spot pools it allows, or on-demand when it chose it.
+            PlanPolicy::ExpectedCost if model.is_some() => {
+                if forced {
+                    offer(*i).market == Market::OnDemand
+                } else {
+                    model_cost(*i).is_some()
+                }
+            }
             PlanPolicy::ExpectedCost => !forced || offer(*i).market == Market::OnDemand,
             PlanPolicy::CheapestSpot => !any_spot || offer(*i).market == Market::Spot,
             PlanPolicy::OnDemandOnly => offer(*i).market == Market::OnDemand,
@@ -625,7 +703,9 @@ fn choose(
             } else {
                 0.0
             };
-            let e = expected_hourly(o.price, n, rate, d.rework_hours(s), d.restart(s));
+            let e = model_cost(i).unwrap_or_else(|| {
+                expected_hourly(o.price, n, rate, d.rework_hours(s), d.restart(s))
+            });
             let held = team_pools.get(&(&d.team, i)).copied().unwrap_or(0);
             (e, held, i)
         })

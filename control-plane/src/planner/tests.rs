@@ -61,6 +61,8 @@ fn demand(n: u128, replicas: u32, gpus: u32) -> Demand {
         remaining_hours: None,
         checkpoint_hours: Some(0.5),
         restart_hours: None,
+        location: None,
+        migrate_hours: None,
         models: None,
     }
 }

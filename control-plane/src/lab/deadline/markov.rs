@@ -134,6 +134,13 @@ pub struct Plan {
     layout: Layout,
     offsets: Vec<usize>,
     decisions: Vec<[u8; MODES]>,
+    /// Expected costs per mode, beside `decisions` ([`plan_with_values`] only).
+    values: Vec<[f64; MODES]>,
+    /// One step of spot's state with outages absorbing (a spot instance once lost stays
+    /// lost), to price a start.
+    held: Matrix,
+    /// Spot micro-USD per hour.
+    spot_price: f64,
 }
 
 impl Plan {
@@ -170,9 +177,72 @@ impl Plan {
         })
     }
 
-    /// Bytes of the decision table.
+    /// Bytes of the decision table (and of the values, where kept).
     pub fn bytes(&self) -> usize {
-        self.decisions.len() * MODES + self.offsets.len() * 8
+        self.decisions.len() * MODES + self.offsets.len() * 8 + self.values.len() * MODES * 8
+    }
+
+    /// The index of `(t, p)` (in steps) in the tables, or `None` outside them.
+    fn cell(&self, t: u32, p: u32) -> Option<usize> {
+        if t < self.from || t >= self.until || t >= self.deadline || p >= self.work {
+            return None;
+        }
+        if p < self.lo(t) || p > self.hi(t) {
+            return None;
+        }
+        Some(self.offsets[(t - self.from) as usize] + (p - self.lo(t)) as usize)
+    }
+
+    /// The expected value (steps) at `(t, p)` in mode `m`: 0 once the work is done, a miss
+    /// outside the band, `None` outside the kept window.
+    fn value_at(&self, t: u32, p: u32, m: usize) -> Option<f64> {
+        if p >= self.work {
+            return Some(0.0);
+        }
+        if t >= self.deadline || p < self.lo(t) || p > self.hi(t) {
+            return Some(MISS);
+        }
+        self.values.get(self.cell(t, p)?).map(|v| v[m])
+    }
+
+    /// The expected cost of following this plan from `tick` with `progress` done, in micro-USD
+    /// per hour × ticks (a possible miss costs far more than any schedule); `None` outside
+    /// the plan or in a plan made without values.
+    pub fn value(&self, tick: u32, progress: u32, mode: Mode) -> Option<f64> {
+        let (t, p) = (tick / self.scale, progress / self.scale);
+        let l = self.layout;
+        let s = l.state(mode.spot);
+        let m = match mode.running {
+            None => l.idle(s),
+            Some(Kind::Spot) => l.spot(s),
+            Some(Kind::OnDemand) => l.on_demand(s),
+        };
+        self.value_at(t, p, m)
+    }
+
+    /// The expected cost of starting a spot instance at `tick` (spot available, of age class
+    /// `class`) with `overhead` ticks before it makes progress, and then following this plan:
+    /// the overhead billed at spot's price, then the plan's value on spot, or idle where the
+    /// instance was lost during the overhead. `None` outside the kept window.
+    pub fn start_spot_value(
+        &self,
+        tick: u32,
+        progress: u32,
+        class: usize,
+        overhead: u32,
+    ) -> Option<f64> {
+        let (t, p) = (tick / self.scale, progress / self.scale);
+        let steps = overhead.div_ceil(self.scale);
+        let l = self.layout;
+        let s = l.state(Spot::Available(class));
+        let after = power(&self.held, l.states, steps);
+        let mut value = self.spot_price * f64::from(overhead);
+        for (j, &prob) in after[s].iter().enumerate().take(l.states) {
+            if prob != 0.0 {
+                value += prob * self.value_at(t + steps, p, l.spot(j))?;
+            }
+        }
+        Some(value.min(MISS))
     }
 }
 
@@ -261,6 +331,19 @@ fn fill(step: &mut Matrix, classes: &[Class], first: usize, other: usize, k: f64
 /// # Panics
 /// If the chain has no class of a kind of run or more than [`MAX_CLASSES`].
 pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
+    plan_inner(job, chain, from, until, false)
+}
+
+/// [`plan`], keeping the expected cost of every state beside its decision, for
+/// [`Plan::value`] and [`Plan::start_spot_value`].
+///
+/// # Panics
+/// As [`plan`].
+pub fn plan_with_values(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
+    plan_inner(job, chain, from, until, true)
+}
+
+fn plan_inner(job: &Job, chain: &Chain, from: u32, until: u32, keep_values: bool) -> Plan {
     let (n, m) = (chain.available.len(), chain.unavailable.len());
     for (kind, len) in [("available spot", n), ("outages", m)] {
         assert!(
@@ -316,6 +399,9 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
         layout: l,
         offsets: Vec::new(),
         decisions: Vec::new(),
+        values: Vec::new(),
+        held,
+        spot_price: job.spot_price,
     };
     if w == 0 || from >= d {
         return out;
@@ -330,6 +416,11 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
         offsets[i + 1] = offsets[i] + width(t);
     }
     let mut decisions = vec![[WAIT; MODES]; offsets[offsets.len() - 1]];
+    let mut kept = if keep_values {
+        vec![[MISS; MODES]; offsets[offsets.len() - 1]]
+    } else {
+        Vec::new()
+    };
 
     // 2. Backward induction; values in rolling rows of R + 2 steps.
     let slots = r as usize + 2;
@@ -400,11 +491,16 @@ pub fn plan(job: &Job, chain: &Chain, from: u32, until: u32) -> Plan {
             }
             values[(t as usize % slots) * row + p as usize] = modes.map(|m| m.0);
             if t < out.until {
-                decisions[offsets[(t - from) as usize] + (p - lo) as usize] = modes.map(|m| m.1);
+                let i = offsets[(t - from) as usize] + (p - lo) as usize;
+                decisions[i] = modes.map(|m| m.1);
+                if keep_values {
+                    kept[i] = modes.map(|m| m.0);
+                }
             }
         }
     }
     out.offsets = offsets;
     out.decisions = decisions;
+    out.values = kept;
     out
 }

@@ -38,6 +38,7 @@ use serde::Serialize;
 pub mod markov;
 pub mod optimal;
 pub mod policies;
+pub mod pools;
 pub mod trace;
 
 #[cfg(test)]

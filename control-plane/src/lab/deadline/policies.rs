@@ -135,6 +135,16 @@ impl Policy for UniformProgress {
 /// every trace. Where it wins and loses against Uniform Progress: docs/benchmarks.md.
 #[derive(Debug, Clone, Default)]
 pub struct Spotplane {
+    pool: Observer,
+    plan: Option<markov::Plan>,
+    replan_at: u32,
+}
+
+/// What spotplane has learned of one spot pool from its trace so far: the ticks seen in each
+/// age class of runs of available spot and of outages, and how many of them ended the run,
+/// the older the less. [`Spotplane`] keeps one; the multi-pool policy one per pool.
+#[derive(Debug, Clone, Default)]
+pub struct Observer {
     /// Per age class of runs of available spot, youngest first.
     available: [Seen; markov::MAX_CLASSES],
     /// Per age class of outages, youngest first.
@@ -142,8 +152,6 @@ pub struct Spotplane {
     last: Option<bool>,
     /// Ticks the current run of available spot, or the current outage, has lasted.
     age: u32,
-    plan: Option<markov::Plan>,
-    replan_at: u32,
     prior: Prior,
 }
 
@@ -227,16 +235,41 @@ fn class_of(age: u32, gap_seconds: u32, ends: &[f64]) -> usize {
     ends.iter().take_while(|&&end| hours >= end).count()
 }
 
-impl Spotplane {
-    /// The policy with its own belief about pools it has not seen.
+impl Observer {
+    /// An observer with its own belief about a pool it has not seen.
     pub fn with_prior(prior: Prior) -> Self {
-        Spotplane {
+        Observer {
             prior,
-            ..Spotplane::default()
+            ..Observer::default()
         }
     }
 
-    pub(super) fn chain(&self, gap_seconds: u32) -> markov::Chain {
+    /// Takes in the pool's availability at the next tick.
+    pub fn observe(&mut self, now: bool, gap_seconds: u32) {
+        if let Some(before) = self.last {
+            let seen = match self.spot(before, gap_seconds) {
+                markov::Spot::Available(c) => &mut self.available[c],
+                markov::Spot::Unavailable(c) => &mut self.unavailable[c],
+            };
+            seen.ticks += 1.0;
+            seen.ended += f64::from(u8::from(before != now));
+        }
+        self.age = if self.last == Some(now) {
+            self.age + 1
+        } else {
+            1
+        };
+        self.last = Some(now);
+        // Older observations weigh less: pools change their behaviour within days.
+        let decay = 0.5f64.powf(f64::from(gap_seconds) / (MEMORY_HALF_LIFE_HOURS * 3600.0));
+        for seen in self.available.iter_mut().chain(&mut self.unavailable) {
+            seen.ticks *= decay;
+            seen.ended *= decay;
+        }
+    }
+
+    /// The chain the planner takes for this pool.
+    pub fn chain(&self, gap_seconds: u32) -> markov::Chain {
         let per_hour = 3600.0 / f64::from(gap_seconds.max(1));
         let p = &self.prior;
         markov::Chain {
@@ -257,8 +290,9 @@ impl Spotplane {
         }
     }
 
-    /// The state of spot now: the current run's kind and age class.
-    fn spot(&self, available: bool, gap_seconds: u32) -> markov::Spot {
+    /// The state of spot now (`available` at the last observed tick): the current run's
+    /// kind and age class.
+    pub fn spot(&self, available: bool, gap_seconds: u32) -> markov::Spot {
         if available {
             markov::Spot::Available(class_of(self.age, gap_seconds, AGE_CLASS_HOURS))
         } else {
@@ -267,43 +301,42 @@ impl Spotplane {
     }
 }
 
+impl Spotplane {
+    /// The policy with its own belief about pools it has not seen.
+    pub fn with_prior(prior: Prior) -> Self {
+        Spotplane {
+            pool: Observer::with_prior(prior),
+            ..Spotplane::default()
+        }
+    }
+
+    pub(super) fn chain(&self, gap_seconds: u32) -> markov::Chain {
+        self.pool.chain(gap_seconds)
+    }
+}
+
+/// The planner's view of a job at `v.tick`, with spot at `spot_price`.
+pub(super) fn planned_job(v: &View<'_>, restart: u32, spot_price: u64) -> markov::Job {
+    markov::Job {
+        work: v.work,
+        deadline: v.deadline,
+        restart,
+        spot_price: spot_price as f64,
+        on_demand_price: v.on_demand_price as f64,
+    }
+}
+
 impl Policy for Spotplane {
     fn decide(&mut self, v: &View<'_>) -> Choice {
         // 1. Observe the change from the last tick to this one.
         let now = v.spot_available();
-        if let Some(before) = self.last {
-            let seen = match self.spot(before, v.gap_seconds) {
-                markov::Spot::Available(c) => &mut self.available[c],
-                markov::Spot::Unavailable(c) => &mut self.unavailable[c],
-            };
-            seen.ticks += 1.0;
-            seen.ended += f64::from(u8::from(before != now));
-        }
-        self.age = if self.last == Some(now) {
-            self.age + 1
-        } else {
-            1
-        };
-        self.last = Some(now);
-        // Older observations weigh less: pools change their behaviour within days.
-        let decay = 0.5f64.powf(f64::from(v.gap_seconds) / (MEMORY_HALF_LIFE_HOURS * 3600.0));
-        for seen in self.available.iter_mut().chain(&mut self.unavailable) {
-            seen.ticks *= decay;
-            seen.ended *= decay;
-        }
+        self.pool.observe(now, v.gap_seconds);
         // 2. Plan, for the next tenth of the deadline.
         if self.plan.is_none() || v.tick >= self.replan_at {
             let every = (v.deadline / 10).max(1);
             self.replan_at = v.tick + every;
-            let job = markov::Job {
-                work: v.work,
-                deadline: v.deadline,
-                restart: v.restart,
-                spot_price: v.spot_price as f64,
-                on_demand_price: v.on_demand_price as f64,
-            };
             self.plan = Some(markov::plan(
-                &job,
+                &planned_job(v, v.restart, v.spot_price),
                 &self.chain(v.gap_seconds),
                 v.tick,
                 self.replan_at,
@@ -315,7 +348,7 @@ impl Policy for Spotplane {
             _ => {
                 let mode = markov::Mode {
                     running: v.running,
-                    spot: self.spot(now, v.gap_seconds),
+                    spot: self.pool.spot(now, v.gap_seconds),
                 };
                 self.plan
                     .as_ref()

@@ -272,6 +272,8 @@ impl CapacityLoop {
                         .and_then(|s| s.checkpoint.as_ref())
                         .map(|c| f64::from(c.interval_s) / 3600.0),
                     restart_hours: None,
+                    location: None,
+                    migrate_hours: None,
                     models: quota_models.remove(&q.id),
                 }
             })
@@ -282,6 +284,17 @@ impl CapacityLoop {
             if let (Some(work), Some(_)) = (d.remaining_hours, d.deadline) {
                 let ran = self.progress_hours(d.job, d.checkpoint_hours, now).await?;
                 d.remaining_hours = Some((work - ran).max(0.0));
+                // Where its checkpoint is, and how long moving it takes: stay, move or
+                // on-demand is the planner's deadline model's choice.
+                if let Some((region, bytes)) = self.store.checkpoint_location(d.job).await? {
+                    d.location = Some(region);
+                    d.migrate_hours = bytes.map(|b| {
+                        crate::planner::deadline::migrate_hours(
+                            b,
+                            self.settings.planner.default_migrate_hours,
+                        )
+                    });
+                }
             }
         }
         report.demand = demand.len();

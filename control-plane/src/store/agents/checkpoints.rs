@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 use super::commands::command_job;
 use super::{to_json, u32_col};
 use crate::model::{Page, PageRequest};
-use crate::store::entity::{agent_command, allocation, checkpoint, job, job_event, outbox};
+use crate::store::entity::{agent_command, allocation, checkpoint, job, job_event, node, outbox};
 use crate::store::{Store, StoreError, from_json, parse_col};
 
 /// A checkpoint as the control plane knows it.
@@ -383,6 +383,38 @@ impl Store {
                 .await?
                 .map(checkpoint_from_row)
                 .transpose()
+        })
+        .await
+    }
+
+    /// Where the job's checkpoint is, for the planner's deadline model: the region of the
+    /// node that wrote replica 0's latest durable checkpoint, and that checkpoint's bytes.
+    /// `None` before its first durable checkpoint.
+    pub async fn checkpoint_location(
+        &self,
+        job_id: JobId,
+    ) -> Result<Option<(String, Option<u64>)>, StoreError> {
+        let Some(cp) = self.latest_durable_checkpoint(job_id, 0).await? else {
+            return Ok(None);
+        };
+        self.measured("checkpoint_location", || async {
+            let Some(alloc) = allocation::Entity::find()
+                .filter(allocation::Column::JobId.eq(job_id.to_string()))
+                .filter(allocation::Column::Replica.eq(0))
+                .filter(
+                    allocation::Column::Attempt.eq(i32::try_from(cp.attempt).unwrap_or(i32::MAX)),
+                )
+                .order_by_desc(allocation::Column::CreatedAt)
+                .one(&self.read)
+                .await?
+            else {
+                return Ok(None);
+            };
+            let region = node::Entity::find_by_id(alloc.node_id)
+                .one(&self.read)
+                .await?
+                .map(|n| n.region);
+            Ok(region.map(|r| (r, cp.total_bytes)))
         })
         .await
     }
