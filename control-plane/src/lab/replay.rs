@@ -932,6 +932,79 @@ mod tests {
         );
     }
 
+    /// A deadline job (two hours of work, a deadline 5 hours out, checkpoints every 30
+    /// minutes) loses its node about 45 minutes in. Requeued, it is demand again with its
+    /// checkpoint in the region of the node taken, and the planner's multi-pool deadline model
+    /// chooses where it resumes — stay, move or on-demand — from the offers and pools it sees.
+    /// Whatever it chose, the job resumes from the notice checkpoint, loses nothing, and meets
+    /// its deadline.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_preempted_deadline_job_resumes_where_the_pools_model_says_and_meets_its_deadline() {
+        let dir = tempfile::tempdir().expect("dir");
+        let p = dir.path().join("t.trace");
+        std::fs::write(
+            &p,
+            "ResNet-18 (batch size 64)\tcd x && python3 main.py\t--num_steps\t1\t72000\t0.000000\t1\n",
+        )
+        .expect("trace");
+        let spec = spec_of(p, 0.3, 60);
+        let scratch = tempfile::tempdir().expect("scratch");
+        let policy = policy_by_name("spotplane").expect("policy");
+        let mut world = World::in_folder(&spec, policy, scratch.path())
+            .await
+            .expect("world");
+        let (mut running_for, mut taken) = (0, None);
+        while !world.done() {
+            world.step().await.expect("step");
+            if taken.is_some() {
+                continue;
+            }
+            let ready = world
+                .store
+                .list_nodes(&[NodeState::Ready])
+                .await
+                .expect("nodes");
+            let Some(n) = ready.first() else { continue };
+            running_for += 1;
+            if running_for == 45 {
+                let sim = world.providers.sim(n.cloud).expect("a simulated cloud");
+                let pid = n.provider_instance_id.as_deref().expect("an instance");
+                assert!(sim.preempt_now(pid), "the node was running");
+                taken = Some(n.region.clone());
+            }
+        }
+        let region = taken.expect("the job ran");
+        let job = *world.runs.keys().next().expect("a job");
+        // The planner saw the checkpoint where the job last ran, and its size.
+        let (at, bytes) = world
+            .store
+            .checkpoint_location(job)
+            .await
+            .expect("store")
+            .expect("a durable checkpoint");
+        assert!(bytes.is_some_and(|b| b > 0), "{bytes:?}");
+        let nodes = world
+            .store
+            .list_nodes(&NodeState::ALL)
+            .await
+            .expect("nodes");
+        assert!(nodes.len() >= 2, "a node after the one taken: {nodes:?}");
+        // The checkpoint now is where the job last ran: the region of the taken node if it
+        // stayed, another if it moved.
+        let last = nodes.iter().max_by_key(|n| n.created_at).expect("nodes");
+        assert!(
+            at == last.region || at == region,
+            "{at} vs {} / {region}",
+            last.region
+        );
+        let o = world
+            .outcome("spotplane", std::time::Instant::now())
+            .await
+            .expect("outcome");
+        assert_eq!((o.jobs_finished, o.deadline_misses), (1, 0), "{o:?}");
+        assert!(o.lost_gpu_hours < 1e-9, "{o:?}");
+    }
+
     /// What one run of a world came to: its outcome (less the wall time), every node bought in
     /// the order it was bought, and every job's history in the order the jobs arrived; none of
     /// it names an id, whose random bits differ from run to run.

@@ -1,6 +1,6 @@
 //! Where a job with a deadline and an estimate of its work runs next: stay, move, or go
-//! on-demand. The model of `spotplane bench deadline` with several traces
-//! ([`crate::lab::deadline::pools`]), applied to the offers of one planning round.
+//! on-demand. The model `spotplane bench deadline` measures with several traces (docs/benchmarks.md,
+//! "Deadlines across pools"), applied to the offers of one planning round.
 //!
 //! Each candidate spot pool (an offer) becomes a Markov chain of spot availability whose runs
 //! last `1 / λ` hours, λ being the pool's interruption rate for the whole gang
@@ -19,11 +19,13 @@
 //!
 //! Pure: the caller gives `now`-relative hours; nothing here reads a clock.
 
-use crate::lab::deadline::markov;
-use crate::lab::deadline::policies::{Observer, PRIOR_RUN_HOURS, PRIOR_WEIGHT_HOURS, Prior};
+use super::markov::{self, Observer, PRIOR_RUN_HOURS, PRIOR_WEIGHT_HOURS, Prior};
 
 /// The most ticks a deadline is cut into; the tick grows with the time left.
-const MAX_TICKS: f64 = 240.0;
+const MAX_TICKS: f64 = 120.0;
+/// The most spot pools one choice weighs (the caller's best by expected cost per hour): one
+/// plan each, every planning round.
+pub const MAX_POOLS: usize = 6;
 /// The shortest tick, in seconds.
 const MIN_TICK_SECONDS: f64 = 60.0;
 
@@ -104,14 +106,15 @@ pub fn choose(
     let per_tick = |hourly: f64| hourly * gap / 3600.0;
     let od_overhead = restart + if on_demand_moves { migrate } else { 0 };
     let on_demand = per_tick(on_demand_hourly) * f64::from(od_overhead + work);
-    // The slack, less the work a loss may undo.
-    let slack = i64::from(deadline) - i64::from(work) - i64::from(ticks_up(job.rework_hours));
+    // The slack, less the work a loss may undo, in hours (the ticks are coarse).
+    let slack = job.left_hours - job.work_hours - job.rework_hours.max(0.0);
     let gap_seconds = gap.round() as u32;
     let spot = spot
         .iter()
         .map(|o| {
             let overhead = restart + if o.moves { migrate } else { 0 };
-            if slack < i64::from(restart) + i64::from(overhead) {
+            let overhead_hours = job.restart_hours + if o.moves { job.migrate_hours } else { 0.0 };
+            if slack < job.restart_hours + overhead_hours {
                 return None;
             }
             // Runs of spot last 1/λ hours in every age class; outages as the bench's prior.

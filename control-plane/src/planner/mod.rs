@@ -55,6 +55,7 @@
 
 mod consolidate;
 pub mod deadline;
+pub mod markov;
 mod pool;
 #[cfg(test)]
 mod tests;
@@ -591,15 +592,26 @@ fn deadline_choice(
         .filter(|(i, _)| input.offers[*i].market == Market::OnDemand)
         .map(|&(i, n)| (hourly(i, n), away(&input.offers[i])))
         .min_by(|a, b| a.1.cmp(&b.1).then(a.0.total_cmp(&b.0)))?;
-    let spots: Vec<usize> = candidates
+    // The spot offers best by expected cost per hour of progress, at most
+    // [`deadline::MAX_POOLS`] of them: each is a plan to solve, and a market has hundreds.
+    let mut ranked: Vec<(f64, usize, u32)> = candidates
         .iter()
         .filter(|(i, _)| input.offers[*i].market == Market::Spot)
-        .map(|(i, _)| *i)
+        .map(|&(i, n)| {
+            let o = &input.offers[i];
+            let e = expected_hourly(o.price, n, index.rates[i], d.rework_hours(s), d.restart(s));
+            (e, i, n)
+        })
         .collect();
-    let options: Vec<deadline::SpotOption> = candidates
+    ranked.sort_by(|a, b| {
+        a.0.total_cmp(&b.0)
+            .then_with(|| index.ids[a.1].cmp(&index.ids[b.1]))
+    });
+    ranked.truncate(deadline::MAX_POOLS);
+    let spots: Vec<usize> = ranked.iter().map(|&(_, i, _)| i).collect();
+    let options: Vec<deadline::SpotOption> = ranked
         .iter()
-        .filter(|(i, _)| input.offers[*i].market == Market::Spot)
-        .map(|&(i, n)| deadline::SpotOption {
+        .map(|&(_, i, n)| deadline::SpotOption {
             hourly: hourly(i, n),
             rate: index.rates[i] * f64::from(n),
             moves: away(&input.offers[i]),
@@ -673,6 +685,11 @@ fn choose(
                 && d.deadline_forces_on_demand(now, worst_rate, max_nodes, s)
         }
     };
+    let od_at_location = d.location.as_deref().is_some_and(|l| {
+        within_price
+            .iter()
+            .any(|(i, _)| offer(*i).market == Market::OnDemand && &*offer(*i).region == l)
+    });
     let model_cost = |i: usize| -> Option<f64> {
         let (choice, spots) = model.as_ref()?;
         let k = spots.iter().position(|&j| j == i)?;
@@ -687,7 +704,9 @@ fn choose(
             // With the deadline model: the spot pools it allows, or on-demand when it chose it.
             PlanPolicy::ExpectedCost if model.is_some() => {
                 if forced {
+                    // Where the checkpoint is, when on-demand is offered there.
                     offer(*i).market == Market::OnDemand
+                        && (!od_at_location || d.location.as_deref() == Some(&*offer(*i).region))
                 } else {
                     model_cost(*i).is_some()
                 }

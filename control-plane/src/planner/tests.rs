@@ -218,6 +218,83 @@ fn deadlines_force_on_demand_only_when_slack_runs_out() {
     assert!(!p.buys[0].deadline_forced);
 }
 
+/// Two regions with a one-GPU spot pool each, and on-demand in both; the pool of `stormy`
+/// has lost `taken` nodes in 10 node-hours.
+fn two_regions(stormy: &str, taken: u32) -> PlanInput {
+    let in_region = |region: &str, zone: &str, market, price| Offer {
+        region: region.into(),
+        ..offer(zone, "g5.xlarge", market, price, 1)
+    };
+    let offers = vec![
+        in_region("us-east-1", "use1-az2", Market::Spot, "0.40"),
+        in_region("us-east-1", "use1-az2", Market::OnDemand, "1.01"),
+        in_region("us-west-2", "usw2-az1", Market::Spot, "0.42"),
+        in_region("us-west-2", "usw2-az1", Market::OnDemand, "1.01"),
+    ];
+    let mut pools = PoolStats::default();
+    for o in offers
+        .iter()
+        .filter(|o| *o.region == *stormy && o.market == Market::Spot)
+    {
+        pools.exposed(&pool_id(o), 10.0);
+        for _ in 0..taken {
+            pools.interrupted(&pool_id(o));
+        }
+    }
+    PlanInput {
+        offers,
+        pools,
+        ..PlanInput::default()
+    }
+}
+
+/// The job of [`two_regions`]: 10 hours of work left, its checkpoint in us-east-1.
+fn requeued(deadline_hours: f64, migrate_hours: f64) -> Demand {
+    let mut d = demand(1, 1, 1);
+    d.remaining_hours = Some(10.0);
+    d.deadline = Some(now() + Duration::seconds((deadline_hours * 3600.0) as i64));
+    d.checkpoint_hours = Some(0.25);
+    d.location = Some("us-east-1".into());
+    d.migrate_hours = Some(migrate_hours);
+    d
+}
+
+#[test]
+fn a_requeued_deadline_job_stays_moves_or_goes_on_demand_by_the_pools_model() {
+    let s = PlannerSettings::default();
+    let buy = |inp: &PlanInput, d: Demand| {
+        let mut inp = inp.clone();
+        inp.demand = vec![d];
+        let p = plan(now(), &inp, &s);
+        let b = p.buys.first().expect("a buy");
+        (
+            b.offer.region.to_string(),
+            b.offer.market,
+            b.deadline_forced,
+        )
+    };
+    // Its region is calm: it stays, on spot.
+    let calm = two_regions("us-west-2", 0);
+    assert_eq!(
+        buy(&calm, requeued(30.0, 0.5)),
+        ("us-east-1".into(), Market::Spot, false)
+    );
+    // Its region's pool lost 60 nodes in 10 node-hours: the model moves it to the calm one,
+    // paying the move, though the stormy pool is cheaper by the hour.
+    let stormy = two_regions("us-east-1", 60);
+    assert_eq!(
+        buy(&stormy, requeued(30.0, 0.5)),
+        ("us-west-2".into(), Market::Spot, false)
+    );
+    // A move of 12 hours does not fit in 10 hours of slack: it stays in its region.
+    assert_eq!(buy(&stormy, requeued(20.0, 12.0)).0, "us-east-1");
+    // With too little slack for a restart after losing the work since the last checkpoint,
+    // on-demand, where the checkpoint is.
+    let (region, market, forced) = buy(&stormy, requeued(10.3, 0.5));
+    assert_eq!((region.as_str(), market), ("us-east-1", Market::OnDemand));
+    assert!(forced);
+}
+
 #[test]
 fn unavailable_offers_are_skipped_until_their_time_runs_out() {
     let offers = market_of();

@@ -35,7 +35,6 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-pub mod markov;
 pub mod optimal;
 pub mod policies;
 pub mod pools;
@@ -46,6 +45,7 @@ mod limits;
 #[cfg(test)]
 mod tests;
 
+pub use crate::planner::markov::{self, Choice, Kind};
 pub use trace::TraceError;
 
 /// A parsed trace: availability per tick (`true` = spot available).
@@ -257,22 +257,6 @@ impl Model {
                 .unwrap_or(0),
         }
     }
-}
-
-/// The kind of instance the job runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub enum Kind {
-    Spot,
-    OnDemand,
-}
-
-/// What a policy does during one tick.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Choice {
-    /// No instance (terminating the current one, if any).
-    Wait,
-    /// Keep the current instance of this kind, or start one (paying the restart).
-    Run(Kind),
 }
 
 /// What an online policy knows when it decides for tick `tick`.

@@ -10,6 +10,10 @@
 //! tick is past the line) and, with `R = 0`, would miss the deadline ([`safety_net`]).
 
 use super::{Choice, Kind, Policy, View, markov};
+pub use crate::planner::markov::{
+    AGE_CLASS_HOURS, MEMORY_HALF_LIFE_HOURS, OUTAGE_CLASS_HOURS, Observer, PRIOR_RUN_HOURS,
+    PRIOR_WEIGHT_HOURS, Prior,
+};
 
 const SPOT: Choice = Choice::Run(Kind::Spot);
 const OD: Choice = Choice::Run(Kind::OnDemand);
@@ -138,167 +142,6 @@ pub struct Spotplane {
     pool: Observer,
     plan: Option<markov::Plan>,
     replan_at: u32,
-}
-
-/// What spotplane has learned of one spot pool from its trace so far: the ticks seen in each
-/// age class of runs of available spot and of outages, and how many of them ended the run,
-/// the older the less. [`Spotplane`] keeps one; the multi-pool policy one per pool.
-#[derive(Debug, Clone, Default)]
-pub struct Observer {
-    /// Per age class of runs of available spot, youngest first.
-    available: [Seen; markov::MAX_CLASSES],
-    /// Per age class of outages, youngest first.
-    unavailable: [Seen; markov::MAX_CLASSES],
-    last: Option<bool>,
-    /// Ticks the current run of available spot, or the current outage, has lasted.
-    age: u32,
-    prior: Prior,
-}
-
-/// Ticks observed in one state of spot, and how many of them were its last.
-#[derive(Debug, Clone, Copy, Default)]
-struct Seen {
-    ticks: f64,
-    ended: f64,
-}
-
-impl Seen {
-    /// The chance per tick that the state ends, with `weight_hours` of observation of runs
-    /// `run_hours` long mixed in.
-    fn rate(&self, per_hour: f64, weight_hours: f64, run_hours: f64) -> f64 {
-        let weight = weight_hours * per_hour;
-        (self.ended + weight / (run_hours * per_hour)) / (self.ticks + weight)
-    }
-}
-
-/// What the policy believes of a pool before it has seen it: in each age class, the mean
-/// length of a run (were the class's chance of ending to hold for the whole run).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Prior {
-    /// Runs of available spot, per class of [`AGE_CLASS_HOURS`].
-    pub available_hours: [f64; markov::MAX_CLASSES],
-    /// Outages, per class of [`OUTAGE_CLASS_HOURS`].
-    pub unavailable_hours: [f64; markov::MAX_CLASSES],
-    /// The weight of the belief, in hours of observation of a last class; a shorter class,
-    /// where each run spends only its length, weighs its share of a [`PRIOR_RUN_HOURS`] run.
-    pub weight_hours: f64,
-}
-
-impl Default for Prior {
-    fn default() -> Self {
-        Prior {
-            available_hours: [PRIOR_RUN_HOURS; markov::MAX_CLASSES],
-            unavailable_hours: [PRIOR_RUN_HOURS; markov::MAX_CLASSES],
-            weight_hours: PRIOR_WEIGHT_HOURS,
-        }
-    }
-}
-
-/// The default prior's mean run in every class, and the run by which a short class's share
-/// of a prior's weight is measured.
-pub const PRIOR_RUN_HOURS: f64 = 2.0;
-/// The default prior's weight in hours of observation.
-pub const PRIOR_WEIGHT_HOURS: f64 = 10.0;
-/// Where the age classes of runs of available spot end, in hours; the last class has no end.
-pub const AGE_CLASS_HOURS: &[f64] = &[0.25, 1.0];
-/// Where the age classes of outages end, in hours; the last class has no end.
-pub const OUTAGE_CLASS_HOURS: &[f64] = &[0.5, 2.0];
-const _: () = assert!(AGE_CLASS_HOURS.len() < markov::MAX_CLASSES);
-const _: () = assert!(OUTAGE_CLASS_HOURS.len() < markov::MAX_CLASSES);
-/// An observation this old weighs half as much as one made now.
-pub const MEMORY_HALF_LIFE_HOURS: f64 = 24.0;
-
-/// The classes of one kind of run as the planner takes them, from what has been seen.
-fn classes(
-    seen: &[Seen],
-    ends: &[f64],
-    prior_hours: &[f64],
-    weight_hours: f64,
-    per_hour: f64,
-) -> Vec<markov::Class> {
-    (0..=ends.len())
-        .map(|c| {
-            let start = if c == 0 { 0.0 } else { ends[c - 1] };
-            let hours = ends.get(c).map_or(f64::INFINITY, |end| end - start);
-            let weight = weight_hours * (hours / PRIOR_RUN_HOURS).min(1.0);
-            markov::Class {
-                ends: seen[c].rate(per_hour, weight, prior_hours[c]),
-                ticks: hours * per_hour,
-            }
-        })
-        .collect()
-}
-
-/// The age class of a run `age` ticks old, for classes ending at `ends` hours.
-fn class_of(age: u32, gap_seconds: u32, ends: &[f64]) -> usize {
-    let hours = f64::from(age) * f64::from(gap_seconds) / 3600.0;
-    ends.iter().take_while(|&&end| hours >= end).count()
-}
-
-impl Observer {
-    /// An observer with its own belief about a pool it has not seen.
-    pub fn with_prior(prior: Prior) -> Self {
-        Observer {
-            prior,
-            ..Observer::default()
-        }
-    }
-
-    /// Takes in the pool's availability at the next tick.
-    pub fn observe(&mut self, now: bool, gap_seconds: u32) {
-        if let Some(before) = self.last {
-            let seen = match self.spot(before, gap_seconds) {
-                markov::Spot::Available(c) => &mut self.available[c],
-                markov::Spot::Unavailable(c) => &mut self.unavailable[c],
-            };
-            seen.ticks += 1.0;
-            seen.ended += f64::from(u8::from(before != now));
-        }
-        self.age = if self.last == Some(now) {
-            self.age + 1
-        } else {
-            1
-        };
-        self.last = Some(now);
-        // Older observations weigh less: pools change their behaviour within days.
-        let decay = 0.5f64.powf(f64::from(gap_seconds) / (MEMORY_HALF_LIFE_HOURS * 3600.0));
-        for seen in self.available.iter_mut().chain(&mut self.unavailable) {
-            seen.ticks *= decay;
-            seen.ended *= decay;
-        }
-    }
-
-    /// The chain the planner takes for this pool.
-    pub fn chain(&self, gap_seconds: u32) -> markov::Chain {
-        let per_hour = 3600.0 / f64::from(gap_seconds.max(1));
-        let p = &self.prior;
-        markov::Chain {
-            available: classes(
-                &self.available,
-                AGE_CLASS_HOURS,
-                &p.available_hours,
-                p.weight_hours,
-                per_hour,
-            ),
-            unavailable: classes(
-                &self.unavailable,
-                OUTAGE_CLASS_HOURS,
-                &p.unavailable_hours,
-                p.weight_hours,
-                per_hour,
-            ),
-        }
-    }
-
-    /// The state of spot now (`available` at the last observed tick): the current run's
-    /// kind and age class.
-    pub fn spot(&self, available: bool, gap_seconds: u32) -> markov::Spot {
-        if available {
-            markov::Spot::Available(class_of(self.age, gap_seconds, AGE_CLASS_HOURS))
-        } else {
-            markov::Spot::Unavailable(class_of(self.age, gap_seconds, OUTAGE_CLASS_HOURS))
-        }
-    }
 }
 
 impl Spotplane {

@@ -1,4 +1,5 @@
-//! The planner behind the `spotplane` policy: the schedule of least *expected* cost when spot
+//! The planner behind the deadline policy (`spotplane bench deadline`, and the capacity
+//! planner's [`super::deadline`]): the schedule of least *expected* cost when spot
 //! availability is a Markov chain, by backward induction over the rest of the job.
 //!
 //! The chain's states are runs of available spot and outages (runs of unavailable spot), each
@@ -30,7 +31,7 @@
 //! chosen so that one plan visits at most [`MAX_CELLS`] (time, progress) pairs. The plan is
 //! advice; the caller keeps the exact safety rules.
 
-use super::{Choice, Kind};
+use serde::Serialize;
 
 /// Expected cost of a state that may miss the deadline (in micro-USD per hour × ticks, far
 /// above any real cost).
@@ -503,4 +504,182 @@ fn plan_inner(job: &Job, chain: &Chain, from: u32, until: u32, keep_values: bool
     out.decisions = decisions;
     out.values = kept;
     out
+}
+
+/// The kind of instance the job runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Kind {
+    Spot,
+    OnDemand,
+}
+
+/// What a policy does during one tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Choice {
+    /// No instance (terminating the current one, if any).
+    Wait,
+    /// Keep the current instance of this kind, or start one (paying the restart).
+    Run(Kind),
+}
+
+/// What has been learned of one spot pool from its availability so far: the ticks seen in each
+/// age class of runs of available spot and of outages, and how many of them ended the run,
+/// the older the less. The `spotplane` policies of `bench deadline` keep one per pool; the
+/// capacity planner builds one from a pool's interruption rate ([`super::deadline`]).
+#[derive(Debug, Clone, Default)]
+pub struct Observer {
+    /// Per age class of runs of available spot, youngest first.
+    available: [Seen; MAX_CLASSES],
+    /// Per age class of outages, youngest first.
+    unavailable: [Seen; MAX_CLASSES],
+    last: Option<bool>,
+    /// Ticks the current run of available spot, or the current outage, has lasted.
+    age: u32,
+    prior: Prior,
+}
+
+/// Ticks observed in one state of spot, and how many of them were its last.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    ticks: f64,
+    ended: f64,
+}
+
+impl Seen {
+    /// The chance per tick that the state ends, with `weight_hours` of observation of runs
+    /// `run_hours` long mixed in.
+    fn rate(&self, per_hour: f64, weight_hours: f64, run_hours: f64) -> f64 {
+        let weight = weight_hours * per_hour;
+        (self.ended + weight / (run_hours * per_hour)) / (self.ticks + weight)
+    }
+}
+
+/// What the policy believes of a pool before it has seen it: in each age class, the mean
+/// length of a run (were the class's chance of ending to hold for the whole run).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prior {
+    /// Runs of available spot, per class of [`AGE_CLASS_HOURS`].
+    pub available_hours: [f64; MAX_CLASSES],
+    /// Outages, per class of [`OUTAGE_CLASS_HOURS`].
+    pub unavailable_hours: [f64; MAX_CLASSES],
+    /// The weight of the belief, in hours of observation of a last class; a shorter class,
+    /// where each run spends only its length, weighs its share of a [`PRIOR_RUN_HOURS`] run.
+    pub weight_hours: f64,
+}
+
+impl Default for Prior {
+    fn default() -> Self {
+        Prior {
+            available_hours: [PRIOR_RUN_HOURS; MAX_CLASSES],
+            unavailable_hours: [PRIOR_RUN_HOURS; MAX_CLASSES],
+            weight_hours: PRIOR_WEIGHT_HOURS,
+        }
+    }
+}
+
+/// The default prior's mean run in every class, and the run by which a short class's share
+/// of a prior's weight is measured.
+pub const PRIOR_RUN_HOURS: f64 = 2.0;
+/// The default prior's weight in hours of observation.
+pub const PRIOR_WEIGHT_HOURS: f64 = 10.0;
+/// Where the age classes of runs of available spot end, in hours; the last class has no end.
+pub const AGE_CLASS_HOURS: &[f64] = &[0.25, 1.0];
+/// Where the age classes of outages end, in hours; the last class has no end.
+pub const OUTAGE_CLASS_HOURS: &[f64] = &[0.5, 2.0];
+const _: () = assert!(AGE_CLASS_HOURS.len() < MAX_CLASSES);
+const _: () = assert!(OUTAGE_CLASS_HOURS.len() < MAX_CLASSES);
+/// An observation this old weighs half as much as one made now.
+pub const MEMORY_HALF_LIFE_HOURS: f64 = 24.0;
+
+/// The classes of one kind of run as the planner takes them, from what has been seen.
+fn classes(
+    seen: &[Seen],
+    ends: &[f64],
+    prior_hours: &[f64],
+    weight_hours: f64,
+    per_hour: f64,
+) -> Vec<Class> {
+    (0..=ends.len())
+        .map(|c| {
+            let start = if c == 0 { 0.0 } else { ends[c - 1] };
+            let hours = ends.get(c).map_or(f64::INFINITY, |end| end - start);
+            let weight = weight_hours * (hours / PRIOR_RUN_HOURS).min(1.0);
+            Class {
+                ends: seen[c].rate(per_hour, weight, prior_hours[c]),
+                ticks: hours * per_hour,
+            }
+        })
+        .collect()
+}
+
+/// The age class of a run `age` ticks old, for classes ending at `ends` hours.
+fn class_of(age: u32, gap_seconds: u32, ends: &[f64]) -> usize {
+    let hours = f64::from(age) * f64::from(gap_seconds) / 3600.0;
+    ends.iter().take_while(|&&end| hours >= end).count()
+}
+
+impl Observer {
+    /// An observer with its own belief about a pool it has not seen.
+    pub fn with_prior(prior: Prior) -> Self {
+        Observer {
+            prior,
+            ..Observer::default()
+        }
+    }
+
+    /// Takes in the pool's availability at the next tick.
+    pub fn observe(&mut self, now: bool, gap_seconds: u32) {
+        if let Some(before) = self.last {
+            let seen = match self.spot(before, gap_seconds) {
+                Spot::Available(c) => &mut self.available[c],
+                Spot::Unavailable(c) => &mut self.unavailable[c],
+            };
+            seen.ticks += 1.0;
+            seen.ended += f64::from(u8::from(before != now));
+        }
+        self.age = if self.last == Some(now) {
+            self.age + 1
+        } else {
+            1
+        };
+        self.last = Some(now);
+        // Older observations weigh less: pools change their behaviour within days.
+        let decay = 0.5f64.powf(f64::from(gap_seconds) / (MEMORY_HALF_LIFE_HOURS * 3600.0));
+        for seen in self.available.iter_mut().chain(&mut self.unavailable) {
+            seen.ticks *= decay;
+            seen.ended *= decay;
+        }
+    }
+
+    /// The chain the planner takes for this pool.
+    pub fn chain(&self, gap_seconds: u32) -> Chain {
+        let per_hour = 3600.0 / f64::from(gap_seconds.max(1));
+        let p = &self.prior;
+        Chain {
+            available: classes(
+                &self.available,
+                AGE_CLASS_HOURS,
+                &p.available_hours,
+                p.weight_hours,
+                per_hour,
+            ),
+            unavailable: classes(
+                &self.unavailable,
+                OUTAGE_CLASS_HOURS,
+                &p.unavailable_hours,
+                p.weight_hours,
+                per_hour,
+            ),
+        }
+    }
+
+    /// The state of spot now (`available` at the last observed tick): the current run's
+    /// kind and age class.
+    pub fn spot(&self, available: bool, gap_seconds: u32) -> Spot {
+        if available {
+            Spot::Available(class_of(self.age, gap_seconds, AGE_CLASS_HOURS))
+        } else {
+            Spot::Unavailable(class_of(self.age, gap_seconds, OUTAGE_CLASS_HOURS))
+        }
+    }
 }
