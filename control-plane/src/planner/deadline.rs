@@ -19,7 +19,7 @@
 //!
 //! Pure: the caller gives `now`-relative hours; nothing here reads a clock.
 
-use super::markov::{self, Observer, PRIOR_RUN_HOURS, PRIOR_WEIGHT_HOURS, Prior};
+use super::markov::{self, PRIOR_RUN_HOURS};
 
 /// The most ticks a deadline is cut into; the tick grows with the time left.
 const MAX_TICKS: f64 = 120.0;
@@ -108,7 +108,6 @@ pub fn choose(
     let on_demand = per_tick(on_demand_hourly) * f64::from(od_overhead + work);
     // The slack, less the work a loss may undo, in hours (the ticks are coarse).
     let slack = job.left_hours - job.work_hours - job.rework_hours.max(0.0);
-    let gap_seconds = gap.round() as u32;
     let spot = spot
         .iter()
         .map(|o| {
@@ -117,14 +116,20 @@ pub fn choose(
             if slack < job.restart_hours + overhead_hours {
                 return None;
             }
-            // Runs of spot last 1/λ hours in every age class; outages as the bench's prior.
-            let run_hours = 1.0 / o.rate.max(1e-6);
-            let chain = Observer::with_prior(Prior {
-                available_hours: [run_hours; markov::MAX_CLASSES],
-                unavailable_hours: [PRIOR_RUN_HOURS; markov::MAX_CLASSES],
-                weight_hours: PRIOR_WEIGHT_HOURS,
-            })
-            .chain(gap_seconds);
+            // Runs of spot last 1/λ hours, outages the bench's prior; one age class each
+            // (a pool known by one rate has no ages to tell apart), which keeps each plan to
+            // two states of spot.
+            let gap_hours = gap / 3600.0;
+            let chain = markov::Chain {
+                available: vec![markov::Class {
+                    ends: (o.rate.max(1e-6) * gap_hours).min(1.0),
+                    ticks: f64::INFINITY,
+                }],
+                unavailable: vec![markov::Class {
+                    ends: (gap_hours / PRIOR_RUN_HOURS).min(1.0),
+                    ticks: f64::INFINITY,
+                }],
+            };
             let plan = markov::plan_with_values(
                 &markov::Job {
                     work,

@@ -285,7 +285,11 @@ impl CapacityLoop {
                 let ran = self.progress_hours(d.job, d.checkpoint_hours, now).await?;
                 d.remaining_hours = Some((work - ran).max(0.0));
                 // Where its checkpoint is, and how long moving it takes: stay, move or
-                // on-demand is the planner's deadline model's choice.
+                // on-demand is the planner's deadline model's choice. A job that has not run
+                // has none.
+                if ran <= 0.0 {
+                    continue;
+                }
                 if let Some((region, bytes)) = self.store.checkpoint_location(d.job).await? {
                     d.location = Some(region);
                     d.migrate_hours = bytes.map(|b| {
