@@ -155,23 +155,8 @@ impl Plan {
 
     /// The planned decision at `tick` with `progress` done, or `None` outside the plan.
     pub fn decide(&self, tick: u32, progress: u32, mode: Mode) -> Option<Choice> {
-        let (t, p) = (tick / self.scale, progress / self.scale);
-        if t < self.from || t >= self.until || t >= self.deadline || p >= self.work {
-            return None;
-        }
-        let (lo, hi) = (self.lo(t), self.hi(t));
-        if p < lo || p > hi {
-            return None;
-        }
-        let l = self.layout;
-        let s = l.state(mode.spot);
-        let m = match mode.running {
-            None => l.idle(s),
-            Some(Kind::Spot) => l.spot(s),
-            Some(Kind::OnDemand) => l.on_demand(s),
-        };
-        let i = self.offsets[(t - self.from) as usize] + (p - lo) as usize;
-        Some(match self.decisions.get(i)?[m] {
+        let i = self.cell(tick / self.scale, progress / self.scale)?;
+        Some(match self.decisions.get(i)?[self.mode_index(mode)] {
             WAIT => Choice::Wait,
             SPOT => Choice::Run(Kind::Spot),
             _ => Choice::Run(Kind::OnDemand),
@@ -210,15 +195,22 @@ impl Plan {
     /// per hour × ticks (a possible miss costs far more than any schedule); `None` outside
     /// the plan or in a plan made without values.
     pub fn value(&self, tick: u32, progress: u32, mode: Mode) -> Option<f64> {
-        let (t, p) = (tick / self.scale, progress / self.scale);
+        self.value_at(
+            tick / self.scale,
+            progress / self.scale,
+            self.mode_index(mode),
+        )
+    }
+
+    /// The index of a mode in the tables' rows.
+    fn mode_index(&self, mode: Mode) -> usize {
         let l = self.layout;
         let s = l.state(mode.spot);
-        let m = match mode.running {
+        match mode.running {
             None => l.idle(s),
             Some(Kind::Spot) => l.spot(s),
             Some(Kind::OnDemand) => l.on_demand(s),
-        };
-        self.value_at(t, p, m)
+        }
     }
 
     /// The expected cost of starting a spot instance at `tick` (spot available, of age class
