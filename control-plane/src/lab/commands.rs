@@ -433,14 +433,18 @@ pub fn bench_deadline(args: &DeadlineArgs) -> anyhow::Result<()> {
     }
     if !args.json {
         print!("{}", deadline::format_table(&reports));
-        let times: Vec<String> = reports
-            .iter()
-            .zip(&times)
-            .map(|(r, ms)| format!("{} {ms:.1} ms", r.policy))
-            .collect();
-        println!("time: {}", times.join(", "));
+        print_times(reports.iter().map(|r| r.policy), &times);
     }
     Ok(())
+}
+
+/// The line of `bench deadline` that says how long each policy took.
+fn print_times<'a>(policies: impl Iterator<Item = &'a str>, times_ms: &[f64]) {
+    let times: Vec<String> = policies
+        .zip(times_ms)
+        .map(|(p, ms)| format!("{p} {ms:.1} ms"))
+        .collect();
+    println!("time: {}", times.join(", "));
 }
 
 fn price_json(p: deadline::SpotPrice) -> Value {
@@ -539,12 +543,7 @@ fn bench_deadline_pools(args: &DeadlineArgs, prices: &[deadline::SpotPrice]) -> 
     }
     if !args.json {
         print!("{}", pools::format_table(&reports));
-        let times: Vec<String> = reports
-            .iter()
-            .zip(&times)
-            .map(|(r, ms)| format!("{} {ms:.1} ms", r.policy))
-            .collect();
-        println!("time: {}", times.join(", "));
+        print_times(reports.iter().map(|r| r.policy), &times);
     }
     Ok(())
 }

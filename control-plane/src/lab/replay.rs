@@ -861,6 +861,17 @@ mod tests {
         );
     }
 
+    /// A trace of one job of two hours on one GPU, arriving at once.
+    fn two_hour_job(dir: &Path) -> PathBuf {
+        let p = dir.join("t.trace");
+        std::fs::write(
+            &p,
+            "ResNet-18 (batch size 64)\tcd x && python3 main.py\t--num_steps\t1\t72000\t0.000000\t1\n",
+        )
+        .expect("trace");
+        p
+    }
+
     /// The cloud takes the node of a two-hour job about 45 minutes in (it checkpoints every
     /// 30). spotplane's agent hears the notice and checkpoints within it: nothing is lost. The
     /// SkyPilot-style baseline has no agent hearing notices: the job resumes from its
@@ -869,12 +880,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_preemption_costs_the_baseline_the_work_since_its_checkpoint_and_spotplane_none() {
         let dir = tempfile::tempdir().expect("dir");
-        let p = dir.path().join("t.trace");
-        std::fs::write(
-            &p,
-            "ResNet-18 (batch size 64)\tcd x && python3 main.py\t--num_steps\t1\t72000\t0.000000\t1\n",
-        )
-        .expect("trace");
+        let p = two_hour_job(dir.path());
         let spec = spec_of(p, 0.25, 60);
         let mut out = Vec::new();
         for name in ["cheapest-spot-failover", "spotplane"] {
@@ -941,12 +947,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_preempted_deadline_job_resumes_where_the_pools_model_says_and_meets_its_deadline() {
         let dir = tempfile::tempdir().expect("dir");
-        let p = dir.path().join("t.trace");
-        std::fs::write(
-            &p,
-            "ResNet-18 (batch size 64)\tcd x && python3 main.py\t--num_steps\t1\t72000\t0.000000\t1\n",
-        )
-        .expect("trace");
+        let p = two_hour_job(dir.path());
         let spec = spec_of(p, 0.3, 60);
         let scratch = tempfile::tempdir().expect("scratch");
         let policy = policy_by_name("spotplane").expect("policy");

@@ -471,17 +471,7 @@ impl PolicyName {
 
     /// Parses a list such as `greedy,optimal` or `all` (every policy, in [`Self::ALL`] order).
     pub fn parse_list<S: AsRef<str>>(names: &[S]) -> Result<Vec<PolicyName>, String> {
-        let mut out = Vec::new();
-        for n in names {
-            let n = n.as_ref().trim();
-            if n == "all" {
-                out.extend(Self::ALL);
-            } else {
-                out.push(n.parse()?);
-            }
-        }
-        out.dedup();
-        Ok(out)
+        parse_names(names, &Self::ALL)
     }
 }
 
@@ -504,6 +494,26 @@ impl FromStr for PolicyName {
                 )
             })
     }
+}
+
+/// Parses a list of policy names such as `greedy,optimal`, `all` standing for every one of
+/// `all` (in its order).
+pub(crate) fn parse_names<T, S>(names: &[S], all: &[T]) -> Result<Vec<T>, String>
+where
+    T: Copy + PartialEq + FromStr<Err = String>,
+    S: AsRef<str>,
+{
+    let mut out = Vec::new();
+    for n in names {
+        let n = n.as_ref().trim();
+        if n == "all" {
+            out.extend_from_slice(all);
+        } else {
+            out.push(n.parse()?);
+        }
+    }
+    out.dedup();
+    Ok(out)
 }
 
 /// Runs a policy by name. The optimum is the DP's plan replayed through [`simulate`]; when

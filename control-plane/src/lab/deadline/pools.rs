@@ -823,17 +823,7 @@ impl PoolPolicyName {
 
     /// Parses a list such as `spotplane,optimal` or `all`.
     pub fn parse_list<S: AsRef<str>>(names: &[S]) -> Result<Vec<PoolPolicyName>, String> {
-        let mut out = Vec::new();
-        for n in names {
-            let n = n.as_ref().trim();
-            if n == "all" {
-                out.extend(Self::ALL);
-            } else {
-                out.push(n.parse()?);
-            }
-        }
-        out.dedup();
-        Ok(out)
+        super::parse_names(names, &Self::ALL)
     }
 }
 
